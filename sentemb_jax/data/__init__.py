@@ -1,0 +1,1 @@
+"""Data: locating the data directory and reading its files."""

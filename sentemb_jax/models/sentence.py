@@ -1,0 +1,65 @@
+"""A backbone + pooling + optional projection + L2 norm: the tower of a dual encoder."""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sentemb_jax import pooling as P
+from sentemb_jax.models import ModelConfig, build_model
+from sentemb_jax.models.common import Dense, activation
+
+Array = jax.Array
+
+
+class SentenceEmbedder(nn.Module):
+    """Sentence embeddings [batch, dim] (float32) from token ids and masks.
+
+    Pooling modes (concatenated in order, like sentence-transformers): see `pooling.POOLING_MODES`;
+    `encdec_first` is Sentence-T5's encoder-decoder first token. The projection (Dense, no bias by
+    default, logical axes embed -> affinity) and the normalisation run in float32.
+    """
+
+    backbone_config: ModelConfig
+    pooling: tuple[str, ...] = ("mean",)
+    projection_dim: int | None = None
+    projection_bias: bool = False
+    projection_activation: str | None = None
+    normalize: bool = True
+
+    def setup(self):
+        self.backbone = build_model(self.backbone_config)
+        if self.projection_dim:
+            self.projection = Dense(
+                self.projection_dim, ("embed", "affinity"), use_bias=self.projection_bias,
+                dtype=jnp.float32, param_dtype=jnp.float32,
+            )
+
+    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True) -> Array:
+        modes = P.check_pooling_modes(self.pooling)
+        need_layers = any(m in P.LAYER_POOLERS for m in modes)
+        last, hidden = self.backbone.encode(input_ids, attention_mask, deterministic, need_layers)
+        vectors = []
+        for mode in modes:
+            if mode in P.TOKEN_POOLERS:
+                vectors.append(P.TOKEN_POOLERS[mode](last, attention_mask))
+            elif mode in P.LAYER_POOLERS:
+                vectors.append(P.LAYER_POOLERS[mode](hidden, attention_mask))
+            else:
+                vectors.append(self.backbone.decode_first_token(last, attention_mask, deterministic).astype(jnp.float32))
+        x = vectors[0] if len(vectors) == 1 else jnp.concatenate(vectors, axis=-1)
+        if self.projection_dim:
+            x = self.projection(x)
+            if self.projection_activation:
+                x = activation(self.projection_activation)(x)
+        return P.l2_normalize(x) if self.normalize else x
+
+
+def embedder_param_tree(backbone_params: Any, projection: dict | None = None) -> dict:
+    """The SentenceEmbedder param tree from backbone params (and projection params)."""
+    tree = {"backbone": backbone_params}
+    if projection:
+        tree["projection"] = projection
+    return tree

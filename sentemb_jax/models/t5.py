@@ -1,0 +1,278 @@
+"""T5 v1.0 / v1.1 / mT5 in Flax linen, numerically equal to Hugging Face's PyTorch T5.
+
+The parameter tree follows t5x naming (`shared`, `encoder/layers_i/self_attention/query`, ...),
+every parameter carries t5x logical axis names, and layers can be scanned for large models.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sentemb_jax.models.common import (
+    Dense,
+    Embed,
+    MultiHeadAttention,
+    RMSNorm,
+    activation,
+    causal_bias,
+    constrain_activations,
+    layer_stack,
+    padding_bias,
+    partitioned,
+)
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_decoder_layers: int = 6
+    num_heads: int = 8
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-6
+    dense_act_fn: str = "relu"  # v1.0: relu; v1.1 / mT5: gelu_new (gated)
+    is_gated_act: bool = False
+    tie_word_embeddings: bool = True  # v1.0 ties the LM head to `shared` (and rescales by d_model**-0.5)
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    decoder_start_token_id: int = 0
+    # Which parts exist: encoder-only checkpoints (T5EncoderModel) have no decoder; T5Model has no LM head.
+    has_decoder: bool = True
+    has_lm_head: bool = False
+    # Execution: activation dtype separate from parameter dtype; scan/remat for large models.
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    scan_layers: bool = False
+    remat: bool = False
+
+    @property
+    def model_type(self) -> str:
+        return "t5"
+
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+
+def relative_position_bucket(relative_position: Array, bidirectional: bool, num_buckets: int, max_distance: int) -> Array:
+    """T5's log-spaced relative position buckets (memory_position - query_position)."""
+    buckets = jnp.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).astype(relative_position.dtype) * num_buckets
+        n = jnp.abs(relative_position)
+    else:
+        n = -jnp.minimum(relative_position, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # log(0) is masked out by `is_small`; clamp to avoid a -inf cast warning.
+    n_float = jnp.maximum(n, 1).astype(jnp.float32)
+    large = max_exact + (
+        jnp.log(n_float / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).astype(relative_position.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return buckets + jnp.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    num_buckets: int
+    max_distance: int
+    num_heads: int
+    bidirectional: bool
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, q_len: int, k_len: int) -> Array:
+        context = np.arange(q_len)[:, None]
+        memory = np.arange(k_len)[None, :]
+        buckets = relative_position_bucket(
+            jnp.asarray(memory - context, dtype=jnp.int32), self.bidirectional, self.num_buckets, self.max_distance
+        )
+        table = self.param(
+            "rel_embedding",
+            partitioned(nn.initializers.normal(stddev=1.0), ("relpos_buckets", "heads")),
+            (self.num_buckets, self.num_heads),
+            self.param_dtype,
+        )
+        values = jnp.take(table.astype(jnp.float32), buckets, axis=0)  # [q, k, heads]
+        return jnp.transpose(values, (2, 0, 1))[None]  # [1, heads, q, k]
+
+
+class T5MLP(nn.Module):
+    config: T5Config
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        dense = lambda features, axes, name: Dense(  # noqa: E731
+            features, axes, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+        )
+        act = activation(cfg.dense_act_fn)
+        if cfg.is_gated_act:
+            h = act(dense(cfg.d_ff, ("embed", "mlp"), "wi_0")(x)) * dense(cfg.d_ff, ("embed", "mlp"), "wi_1")(x)
+        else:
+            h = act(dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
+        return dense(cfg.d_model, ("mlp", "embed"), "wo")(h)
+
+
+def _attention(cfg: T5Config, deterministic: bool, name: str) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        num_heads=cfg.num_heads,
+        head_dim=cfg.d_kv,
+        use_bias=False,
+        scale_logits=False,
+        dropout_rate=cfg.dropout_rate,
+        deterministic=deterministic,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        name=name,
+    )
+
+
+class T5EncoderLayer(nn.Module):
+    config: T5Config
+    deterministic: bool = True
+    collect_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, bias: Array):
+        cfg = self.config
+        norm = lambda name: RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
+        drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
+        h = norm("pre_attention_layer_norm")(x)
+        x = x + drop(_attention(cfg, self.deterministic, "self_attention")(h, h, bias))
+        h = norm("pre_mlp_layer_norm")(x)
+        x = constrain_activations(x + drop(T5MLP(cfg, self.deterministic, name="mlp")(h)))
+        return x, (x if self.collect_hidden else None)
+
+
+class T5DecoderLayer(nn.Module):
+    config: T5Config
+    deterministic: bool = True
+    collect_hidden: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, self_bias: Array, encoded: Array, cross_bias: Array):
+        cfg = self.config
+        norm = lambda name: RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
+        drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
+        h = norm("pre_self_attention_layer_norm")(x)
+        x = x + drop(_attention(cfg, self.deterministic, "self_attention")(h, h, self_bias))
+        h = norm("pre_cross_attention_layer_norm")(x)
+        x = x + drop(_attention(cfg, self.deterministic, "encoder_decoder_attention")(h, encoded, cross_bias))
+        h = norm("pre_mlp_layer_norm")(x)
+        x = constrain_activations(x + drop(T5MLP(cfg, self.deterministic, name="mlp")(h)))
+        return x, (x if self.collect_hidden else None)
+
+
+class T5Encoder(nn.Module):
+    config: T5Config
+    shared: nn.Module
+
+    @nn.compact
+    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True, output_hidden_states: bool = False):
+        cfg = self.config
+        x = constrain_activations(self.shared(input_ids))
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        length = input_ids.shape[1]
+        bias = RelativePositionBias(
+            cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads, True,
+            cfg.param_dtype, name="relpos_bias",
+        )(length, length) + padding_bias(attention_mask)
+        run = layer_stack(
+            T5EncoderLayer, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, collect_hidden=output_hidden_states,
+            layer_kwargs=dict(config=cfg, deterministic=deterministic),
+        )
+        embedded = x
+        x, hidden = run(x, bias)
+        x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="encoder_norm")(x)
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        if output_hidden_states:
+            # Like HF: embeddings, then each layer's output, the last one after the final norm.
+            hidden = (embedded,) + hidden[:-1] + (x,)
+        return x, hidden
+
+
+class T5Decoder(nn.Module):
+    config: T5Config
+    shared: nn.Module
+
+    @nn.compact
+    def __call__(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True):
+        cfg = self.config
+        x = constrain_activations(self.shared(decoder_input_ids))
+        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        length = decoder_input_ids.shape[1]
+        self_bias = RelativePositionBias(
+            cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads, False,
+            cfg.param_dtype, name="relpos_bias",
+        )(length, length) + causal_bias(length)
+        if decoder_mask is not None:
+            self_bias = self_bias + padding_bias(decoder_mask)
+        run = layer_stack(
+            T5DecoderLayer, cfg.num_decoder_layers, scan=cfg.scan_layers, remat=cfg.remat, collect_hidden=False,
+            layer_kwargs=dict(config=cfg, deterministic=deterministic),
+        )
+        x, _ = run(x, self_bias, encoded, padding_bias(encoder_mask))
+        x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="decoder_norm")(x)
+        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+class T5(nn.Module):
+    """T5 encoder(-decoder). `encode` gives encoder states, `decode` decoder states, `__call__` all."""
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.shared = Embed(cfg.vocab_size, cfg.d_model, ("vocab", "embed"), cfg.dtype, cfg.param_dtype, name="shared")
+        self.encoder = T5Encoder(cfg, self.shared)
+        if cfg.has_decoder:
+            self.decoder = T5Decoder(cfg, self.shared)
+            if cfg.has_lm_head and not cfg.tie_word_embeddings:
+                self.lm_head = Dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32, param_dtype=cfg.param_dtype)
+
+    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False):
+        """-> (last_hidden_state [B, L, D], tuple of hidden states or None)."""
+        return self.encoder(input_ids, attention_mask, deterministic, output_hidden_states)
+
+    def decode(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True):
+        if not self.config.has_decoder:
+            raise ValueError("this T5 has no decoder (it was loaded from an encoder-only checkpoint)")
+        return self.decoder(decoder_input_ids, encoded, encoder_mask, decoder_mask, deterministic)
+
+    def decode_first_token(self, encoded, encoder_mask, deterministic: bool = True):
+        """Sentence-T5 encoder-decoder pooling: the decoder fed only the start token."""
+        start = jnp.full((encoded.shape[0], 1), self.config.decoder_start_token_id, dtype=jnp.int32)
+        return self.decode(start, encoded, encoder_mask, None, deterministic)[:, 0]
+
+    def logits(self, decoder_hidden):
+        cfg = self.config
+        if cfg.tie_word_embeddings:
+            return self.shared.attend(decoder_hidden * (cfg.d_model**-0.5))
+        return self.lm_head(decoder_hidden)
+
+    def __call__(self, input_ids, attention_mask, decoder_input_ids=None, deterministic: bool = True):
+        encoded, _ = self.encode(input_ids, attention_mask, deterministic)
+        if not self.config.has_decoder:
+            return encoded
+        if decoder_input_ids is None:
+            decoder_input_ids = jnp.full((input_ids.shape[0], 1), self.config.decoder_start_token_id, jnp.int32)
+        hidden = self.decode(decoder_input_ids, encoded, attention_mask, None, deterministic)
+        return self.logits(hidden) if self.config.has_lm_head else hidden

@@ -1,0 +1,91 @@
+"""Tokenisation from a local model directory, with bucketed padding.
+
+Batches are padded to the longest sequence in the batch rounded up to one of a few bucket
+lengths, so a jitted encoder only ever compiles a handful of shapes.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from typing import Sequence
+
+import numpy as np
+
+DEFAULT_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class TokenizerError(ValueError):
+    """A tokenizer directory that cannot be loaded, or input that cannot be tokenised."""
+
+
+def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """Smallest bucket >= length; beyond the largest bucket, the next multiple of it."""
+    i = bisect.bisect_left(buckets, length)
+    if i < len(buckets):
+        return buckets[i]
+    top = buckets[-1]
+    return -(-length // top) * top
+
+
+def check_texts(texts, where: str = "encode") -> list[str]:
+    """A list of strings, or a TypeError naming the first bad item."""
+    if isinstance(texts, str):
+        raise TypeError(f"{where}: expected a list of strings, got a single str (wrap it in a list)")
+    if texts is None:
+        raise TypeError(f"{where}: expected a list of strings, got None")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{where}: item {i} is {type(t).__name__}, not str: {t!r:.80}")
+    return texts
+
+
+class Tokenizer:
+    """Wraps a Hugging Face tokenizer loaded with AutoTokenizer.from_pretrained(local_dir)."""
+
+    def __init__(self, hf_tokenizer, max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS, lowercase: bool = False):
+        self.hf = hf_tokenizer
+        self.max_length = int(max_length)
+        self.buckets = tuple(sorted(b for b in buckets if b < self.max_length)) + (self.max_length,)
+        self.lowercase = lowercase
+        pad = hf_tokenizer.pad_token_id
+        self.pad_id = 0 if pad is None else int(pad)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str, max_length: int | None = None, buckets: Sequence[int] = DEFAULT_BUCKETS, lowercase: bool = False):
+        import transformers
+
+        if not os.path.isdir(model_dir):
+            raise TokenizerError(f"{model_dir}: no such tokenizer directory")
+        try:
+            hf = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        except (OSError, ValueError, TypeError) as e:
+            raise TokenizerError(f"{model_dir}: cannot load a tokenizer ({e})") from None
+        if max_length is None:
+            model_max = getattr(hf, "model_max_length", None)
+            max_length = model_max if model_max and model_max < 100_000 else 512
+        return cls(hf, max_length, buckets, lowercase)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids (with special tokens) of each text, truncated to max_length; no padding."""
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
+        return self.hf(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_length)["input_ids"]
+
+    def pad(self, ids: Sequence[Sequence[int]], batch_size: int | None = None) -> dict[str, np.ndarray]:
+        """Right-pad to a bucket length (and, when batch_size is given, add empty rows up to it)."""
+        longest = max((len(x) for x in ids), default=1)
+        length = bucket_length(max(longest, 1), self.buckets)
+        rows = max(len(ids), batch_size or 0)
+        input_ids = np.full((rows, length), self.pad_id, dtype=np.int32)
+        mask = np.zeros((rows, length), dtype=np.int32)
+        for i, x in enumerate(ids):
+            input_ids[i, : len(x)] = x
+            mask[i, : len(x)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask}
+
+    def __call__(self, texts: Sequence[str], batch_size: int | None = None) -> dict[str, np.ndarray]:
+        return self.pad(self.tokenize(check_texts(texts, "tokenize")), batch_size)
+
+    def save_pretrained(self, out_dir: str):
+        self.hf.save_pretrained(out_dir)

@@ -1,0 +1,44 @@
+"""sentemb_jax: a JAX/Flax stack for training sentence encoders."""
+from setuptools import find_packages, setup
+
+# Versions that resolve together on Python 3.11 (see ../shared/ENVIRONMENT.md).
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "gin-config==0.5.0",
+    "numpy==2.4.6",
+    "scipy==1.17.1",
+    "scikit-learn==1.9.1",
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+    "transformers==5.23.0",
+    "sentencepiece==0.2.3",
+    "tensorflow==2.21.0",
+    "tensorflow-text==2.21.1",
+    "seqio==0.0.20",
+    "protobuf==7.36.2",
+]
+
+TEST_REQUIRES = [
+    # torch first and exactly this version: it is the CPU wheel already on the machine.
+    "torch==2.13.0",
+    "sentence-transformers==6.2.0",
+    "pytest==9.2.0",
+    "hypothesis==6.170.15",
+]
+
+setup(
+    name="sentemb_jax",
+    version="0.1.0",
+    description="JAX/Flax sentence encoders: dual and cross encoders, contrastive and distillation training.",
+    packages=find_packages(include=["sentemb_jax", "sentemb_jax.*"]),
+    package_data={"sentemb_jax": ["../gin/**/*.gin"]},
+    python_requires=">=3.10,<3.13",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)
