@@ -71,7 +71,8 @@ def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> M
     model_type = hf.get("model_type")
     names = set(tensor_names)
     if model_type in ("t5", "mt5"):
-        c = transformers.T5Config(**hf)
+        c = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in hf.items() if k != "model_type"})
+        tied = hf.get("tie_word_embeddings", True) is not False
         archs = hf.get("architectures") or []
         cfg = T5Config(
             vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.d_kv, d_ff=c.d_ff, num_layers=c.num_layers,
@@ -81,19 +82,19 @@ def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> M
             layer_norm_epsilon=c.layer_norm_epsilon, dense_act_fn=c.dense_act_fn, is_gated_act=c.is_gated_act,
             # Read from the raw dict: transformers 5 forces T5Config.tie_word_embeddings to True, but
             # v1.1 / mT5 checkpoints say false and carry their own lm_head.weight (and skip the rescale).
-            tie_word_embeddings=hf.get("tie_word_embeddings", True) is not False,
+            tie_word_embeddings=tied,
+            scale_decoder_outputs=bool(hf.get("scale_decoder_outputs", tied)),
             pad_token_id=_token_id(c, "pad_token_id", 0),
             eos_token_id=_token_id(c, "eos_token_id", 1),
             decoder_start_token_id=_token_id(c, "decoder_start_token_id", 0),
             has_decoder=any(n.startswith("decoder.") for n in names) if names else not any("EncoderModel" in a for a in archs),
-            has_lm_head=("lm_head.weight" in names) if hf.get("tie_word_embeddings", True) is False
-            else any("ConditionalGeneration" in a for a in archs),
+            has_lm_head=any("ConditionalGeneration" in a for a in archs) if tied else "lm_head.weight" in names,
         )
     elif model_type == "bert" or model_type in _ROBERTA_TYPES:
         pet = hf.get("position_embedding_type", "absolute")
         if pet != "absolute":
             raise CheckpointError(f"position_embedding_type={pet!r} is not supported (only 'absolute')")
-        c = (transformers.BertConfig if model_type == "bert" else transformers.RobertaConfig)(**hf)
+        c = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in hf.items() if k != "model_type"})
         cfg = BertConfig(
             model_type="bert" if model_type == "bert" else "roberta", vocab_size=c.vocab_size,
             hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
@@ -395,6 +396,8 @@ def params_to_hf(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
 
 def load_hf_checkpoint(model_dir: str, allow_pickle: bool = False, ignore_unexpected: Iterable[str] = (), **config_overrides):
     """(config, params, hf_config_dict) from a local Hugging Face model directory."""
+    if not os.path.isdir(model_dir):
+        raise CheckpointError(f"{model_dir}: no such model directory")
     hf = read_hf_config_dict(model_dir)
     tensors = read_hf_tensors(model_dir, allow_pickle=allow_pickle)
     cfg = config_from_hf(hf, tensors.keys(), **config_overrides)

@@ -66,20 +66,27 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" noise on CPU
     argv = sys.argv[1:] if argv is None else argv
+    from sentemb_jax.checkpoints import CheckpointError
+    from sentemb_jax.data.files import DataError
+    from sentemb_jax.tokenization import TokenizerError
+
     try:
         register_configurables()
         files, bindings, search = parse_args(argv)
         parse_gin(files, bindings, search)
         try:
             run()
-        except (ValueError, TypeError) as e:
-            # gin reports a missing REQUIRED value as a ValueError / TypeError naming the parameter.
-            if "gin.REQUIRED" in str(e) or "Required bindings" in str(e) or "required" in str(e).lower() and "gin" in str(e).lower():
+        except RuntimeError as e:
+            # gin raises RuntimeError("Required bindings for `x` not provided in config: [...]").
+            if "Required bindings" in str(e):
                 raise UsageError(f"gin configuration error: {e}") from None
             raise
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (CheckpointError, DataError, TokenizerError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

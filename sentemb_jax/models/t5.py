@@ -45,7 +45,8 @@ class T5Config:
     layer_norm_epsilon: float = 1e-6
     dense_act_fn: str = "relu"  # v1.0: relu; v1.1 / mT5: gelu_new (gated)
     is_gated_act: bool = False
-    tie_word_embeddings: bool = True  # v1.0 ties the LM head to `shared` (and rescales by d_model**-0.5)
+    tie_word_embeddings: bool = True  # v1.0 ties the LM head to `shared`; v1.1 / mT5 have their own lm_head
+    scale_decoder_outputs: bool = True  # v1.0 rescales decoder outputs by d_model**-0.5 before the LM head
     pad_token_id: int = 0
     eos_token_id: int = 1
     decoder_start_token_id: int = 0
@@ -264,8 +265,10 @@ class T5(nn.Module):
 
     def logits(self, decoder_hidden):
         cfg = self.config
+        if cfg.scale_decoder_outputs:
+            decoder_hidden = decoder_hidden * (cfg.d_model**-0.5)
         if cfg.tie_word_embeddings:
-            return self.shared.attend(decoder_hidden * (cfg.d_model**-0.5))
+            return self.shared.attend(decoder_hidden)
         return self.lm_head(decoder_hidden)
 
     def __call__(self, input_ids, attention_mask, decoder_input_ids=None, deterministic: bool = True):

@@ -1,0 +1,61 @@
+"""The job runner: the README's default job, and clear errors for bad command lines and gin."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sentemb_jax import main as runner
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_default_job_scores_stsb_dev(tmp_path, data_dir):
+    """The README's `make run` job, in-process: MiniLM on STS-B dev."""
+    out = tmp_path / "run"
+    rc = runner.main(["--gin_file=gin/runs/default.gin", f"--gin.DATA_DIR='{data_dir}'",
+                      f"--gin.sentemb_jax.evaluate_stsb.model_dir='{out}'"])
+    assert rc == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["pairs"] == 1500 and result["split"] == "dev"
+    # all-MiniLM-L6-v2 on STS-B dev (cosine Spearman x 100), measured: 86.72.
+    assert abs(result["spearman"] - 86.72) <= 0.05, result
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gin_file=gin/runs/default.gin", "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
+        (["--gin_file=gin/runs/default.gin", "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
+        (["--gin_file=gin/runs/absent.gin"], "gin/runs/absent.gin: no such file"),
+        ([], "no --gin_file given"),
+        (["--gin_file=gin/runs/default.gin", "--oops"], "unrecognised argument '--oops'"),
+    ],
+)
+def test_bad_command_lines_exit_2(args, message, capsys):
+    import gin
+
+    gin.clear_config()
+    assert runner.main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_required_value_exit_2(tmp_path, capsys):
+    import gin
+
+    gin.clear_config()
+    cfg = tmp_path / "job.gin"
+    cfg.write_text("run.job = @sentemb_jax.evaluate_stsb\n")
+    assert runner.main([f"--gin_file={cfg}"]) == 2
+    err = capsys.readouterr().err
+    assert "model_path" in err or "data_dir" in err
+
+
+def test_missing_data_file_names_path(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/default.gin", f"--gin.DATA_DIR='{tmp_path}'"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert f"{tmp_path}/stsb/dev.tsv: no such file" in proc.stderr
