@@ -1,15 +1,29 @@
-"""Readers for the TSV files under the data directory (see ../shared/data/README.md).
+"""Validated readers for the TSV and JSONL files that training and evaluation read.
 
-Format: UTF-8, a header line, TAB-separated fields, no quoting. Every error names the file and
-line so a user can fix the data.
+Format of the TSV files (see ../shared/data/README.md): UTF-8, a header line, TAB-separated
+fields, no quoting. JSONL: one JSON object per line.
+
+A file is read in two passes: `index_rows` validates every line once (before any training step
+runs) and records the byte offset of each accepted row; `read_row` re-reads one row by offset,
+so a shuffled, sharded epoch needs 8 bytes of memory per row however large the file is.
+
+Every problem is a `DataError` naming the file and line (or byte offset). Rows with the wrong
+number of fields either stop the read (`on_bad_row="error"`, the default) or are skipped and
+counted (`on_bad_row="skip"`); rows with an empty text are always skipped and counted; scores
+that are not numbers, NaN or outside the declared range always stop the read.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
 import math
 import os
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 DATA_DIR_ENV = "SENTEMB_DATA_DIR"
 
@@ -31,46 +45,257 @@ def default_data_dir() -> str:
     return os.path.normpath(os.path.join(repo, "..", "shared", "data"))
 
 
+# ---------------------------------------------------------------------------------------------
+# Simple whole-file readers (evaluation)
+
+
 def iter_tsv(path: str, columns: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row dict) for each data line; header must contain `columns`."""
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        offset = 0
-        header = None
-        for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte offset {offset + e.start}") from None
-            offset += len(raw)
-            fields = line.rstrip("\n").rstrip("\r").split("\t")
-            if header is None:
-                header = fields
-                missing = [c for c in columns if c not in header]
-                if missing:
-                    raise DataError(f"{path}:1: header {header} lacks column(s) {missing}")
-                continue
-            if line.strip() == "":
-                continue
-            if len(fields) != len(header):
-                raise DataError(f"{path}:{lineno}: expected {len(header)} TAB-separated fields, found {len(fields)}")
-            yield lineno, dict(zip(header, fields))
+    """(line number, row dict) for each non-blank data line; the header must contain `columns`."""
+    spec = FileSpec(path=path, fields={c: c for c in columns}, text_fields=())
+    header = None
+    for lineno, offset, raw in _iter_lines(path):
+        line = _decode(path, lineno, offset, raw)
+        fields = _split_tsv(line)
         if header is None:
-            raise DataError(f"{path}: empty file (no header line)")
+            header = _check_header(spec, fields)
+            continue
+        if line.strip() == "":
+            continue
+        if len(fields) != len(header):
+            raise DataError(f"{path}:{lineno}: expected {len(header)} TAB-separated fields, found {len(fields)}")
+        yield lineno, dict(zip(header, fields))
+    if header is None:
+        raise DataError(f"{path}: empty file (no header line)")
 
 
 def read_sts_pairs(path: str, score_range: tuple[float, float] | None = None):
     """(sentence1 list, sentence2 list, float scores) of an STS TSV file."""
     s1, s2, scores = [], [], []
     for lineno, row in iter_tsv(path, ("sentence1", "sentence2", "score")):
-        try:
-            score = float(row["score"])
-        except ValueError:
-            raise DataError(f"{path}:{lineno}: score {row['score']!r} is not a number") from None
-        if math.isnan(score) or (score_range and not score_range[0] <= score <= score_range[1]):
-            raise DataError(f"{path}:{lineno}: score {score} outside {score_range}")
+        score = parse_score(path, lineno, row["score"], score_range)
         s1.append(row["sentence1"])
         s2.append(row["sentence2"])
         scores.append(score)
     return s1, s2, np.asarray(scores, np.float64)
+
+
+def parse_score(path: str, lineno: int, text: str, score_range: tuple[float, float] | None) -> float:
+    try:
+        score = float(text)
+    except (TypeError, ValueError):
+        raise DataError(f"{path}:{lineno}: score {text!r} is not a number") from None
+    if math.isnan(score) or math.isinf(score):
+        raise DataError(f"{path}:{lineno}: score is {score}")
+    if score_range is not None and not score_range[0] <= score <= score_range[1]:
+        raise DataError(f"{path}:{lineno}: score {score} outside the declared range {list(score_range)}")
+    return score
+
+
+# ---------------------------------------------------------------------------------------------
+# Indexed, validated row files (training)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileSpec:
+    """What a data file must hold, and how its columns become example fields.
+
+    fields: output field -> source column, or a tuple of columns joined with a space
+      (e.g. a CQA question = title + body).
+    text_fields: output fields that must be non-empty (rows where one is empty are skipped).
+    score_field / score_range: an output field parsed as a float in this range.
+    keep: source column -> allowed values (other rows are filtered out, e.g. label == "Good").
+    binding: the gin binding that chose this path, named in "missing file" errors.
+    """
+
+    path: str
+    fields: Mapping[str, str | tuple[str, ...]]
+    text_fields: tuple[str, ...] | None = None
+    score_field: str | None = None
+    score_range: tuple[float, float] | None = None
+    keep: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    binding: str | None = None
+
+    @property
+    def fmt(self) -> str:
+        return "jsonl" if self.path.endswith((".jsonl", ".json")) else "tsv"
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        if self.text_fields is not None:
+            return self.text_fields
+        return tuple(f for f in self.fields if f != self.score_field)
+
+    def source_columns(self) -> set[str]:
+        cols = set(self.keep)
+        for src in self.fields.values():
+            cols.update((src,) if isinstance(src, str) else src)
+        return cols
+
+
+@dataclasses.dataclass
+class ReadSummary:
+    path: str
+    rows: int = 0
+    skipped_bad_rows: int = 0
+    skipped_empty_text: int = 0
+    filtered: int = 0
+    first_bad_row: str | None = None
+
+    def __str__(self) -> str:
+        s = (f"{self.path}: {self.rows} rows; skipped {self.skipped_bad_rows} malformed rows, "
+             f"{self.skipped_empty_text} with empty text; {self.filtered} filtered out")
+        return s + (f" (first malformed row: {self.first_bad_row})" if self.first_bad_row else "")
+
+
+@dataclasses.dataclass
+class RowIndex:
+    """Byte offsets (and line numbers) of the accepted rows of a validated file."""
+
+    spec: FileSpec
+    header: list[str] | None
+    offsets: np.ndarray
+    line_numbers: np.ndarray
+    summary: ReadSummary
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, raw bytes) of each line."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e.strerror})") from None
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, start=1):
+            yield lineno, offset, raw
+            offset += len(raw)
+
+
+def _decode(path: str, lineno: int, offset: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte offset {offset + e.start}") from None
+
+
+def _split_tsv(line: str) -> list[str]:
+    return line.rstrip("\n").rstrip("\r").split("\t")
+
+
+def _check_header(spec: FileSpec, header: list[str]) -> list[str]:
+    missing = sorted(c for c in spec.source_columns() if c not in header)
+    if missing:
+        raise DataError(f"{spec.path}:1: header {header} lacks column(s) {missing}")
+    if len(set(header)) != len(header):
+        raise DataError(f"{spec.path}:1: header {header} repeats a column name")
+    return header
+
+
+class _BadRow(Exception):
+    pass
+
+
+def _parse_line(spec: FileSpec, header: list[str] | None, line: str, lineno: int) -> dict | None:
+    """The example of one data line; None for a filtered row; _BadRow for a malformed one."""
+    if spec.fmt == "tsv":
+        values = _split_tsv(line)
+        if len(values) != len(header):
+            raise _BadRow(f"expected {len(header)} TAB-separated fields, found {len(values)}")
+        row = dict(zip(header, values))
+    else:
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise _BadRow(f"not valid JSON ({e.__class__.__name__}: {str(e)[:80]})") from None
+        if not isinstance(row, dict):
+            raise _BadRow(f"expected a JSON object, found {type(row).__name__}")
+        missing = sorted(c for c in spec.source_columns() if c not in row)
+        if missing:
+            raise _BadRow(f"missing key(s) {missing}")
+        bad = sorted(c for c in spec.source_columns() if not isinstance(row[c], (str, int, float)) or isinstance(row[c], bool))
+        if bad:
+            raise _BadRow(f"value of {bad} is not a string or number")
+        row = {k: str(row[k]) for k in spec.source_columns()}
+    for column, allowed in spec.keep.items():
+        if row[column] not in allowed:
+            return None
+    out = {}
+    for field, src in spec.fields.items():
+        out[field] = row[src] if isinstance(src, str) else " ".join(row[c] for c in src if row[c].strip())
+    return out
+
+
+def _validate_example(spec: FileSpec, example: dict, lineno: int) -> dict | None:
+    """Parsed score; None when a text field is empty (skipped and counted)."""
+    if spec.score_field is not None:
+        example[spec.score_field] = parse_score(spec.path, lineno, example[spec.score_field], spec.score_range)
+    if any(not example[f].strip() for f in spec.texts):
+        return None
+    return example
+
+
+def missing_file_message(spec: FileSpec) -> str:
+    via = f" (set by gin binding {spec.binding})" if spec.binding else ""
+    return f"{spec.path}: no such file{via}"
+
+
+def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
+    """Validate every row of a file and record where the accepted rows start."""
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if not os.path.isfile(spec.path):
+        raise DataError(missing_file_message(spec))
+    summary = ReadSummary(spec.path)
+    offsets, lines = [], []
+    header = None
+    for lineno, offset, raw in _iter_lines(spec.path):
+        line = _decode(spec.path, lineno, offset, raw)
+        if spec.fmt == "tsv" and header is None:
+            header = _check_header(spec, _split_tsv(line))
+            continue
+        if line.strip() == "":
+            continue
+        try:
+            example = _parse_line(spec, header, line, lineno)
+        except _BadRow as e:
+            if on_bad_row == "error":
+                raise DataError(f"{spec.path}:{lineno}: {e}") from None
+            summary.skipped_bad_rows += 1
+            summary.first_bad_row = summary.first_bad_row or f"line {lineno}: {e}"
+            continue
+        if example is None:
+            summary.filtered += 1
+            continue
+        if _validate_example(spec, example, lineno) is None:
+            summary.skipped_empty_text += 1
+            continue
+        offsets.append(offset)
+        lines.append(lineno)
+    if spec.fmt == "tsv" and header is None:
+        raise DataError(f"{spec.path}: empty file (no header line)")
+    summary.rows = len(offsets)
+    if summary.skipped_bad_rows or summary.skipped_empty_text:
+        log.warning("%s", summary)
+    return RowIndex(spec, header, np.asarray(offsets, np.int64), np.asarray(lines, np.int64), summary)
+
+
+def read_rows(index: RowIndex, order: Sequence[int] | None = None) -> Iterator[dict]:
+    """The examples of an index (in `order`, positions into the index), parsed again from disk."""
+    spec = index.spec
+    positions = range(len(index)) if order is None else order
+    with open(spec.path, "rb") as f:
+        for pos in positions:
+            f.seek(int(index.offsets[pos]))
+            line = f.readline().decode("utf-8")
+            example = _parse_line(spec, index.header, line, int(index.line_numbers[pos]))
+            yield _validate_example(spec, example, int(index.line_numbers[pos]))
+
+
+def read_examples(spec: FileSpec, on_bad_row: str = "error") -> list[dict]:
+    """Every accepted example of a file, in file order."""
+    return list(read_rows(index_rows(spec, on_bad_row)))

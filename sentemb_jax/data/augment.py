@@ -1,0 +1,68 @@
+"""Augmented views for SimCSE / ConGen / SCT / ensembles, as TF ops with stateless seeds.
+
+Each function is pure: the same input and seed (an int32 pair) give the same output, so an
+epoch's views are fixed by the pipeline seed and resumption reproduces them exactly.
+
+* `none`: the text unchanged (SimCSE: the two views differ only by dropout).
+* `word_deletion`: delete each whitespace word with probability `rate` (at least one word kept).
+* `random_crop`: keep one contiguous run of ceil((1 - rate) * words) words.
+* `span_masking`: on token ids, replace one contiguous span of ceil(rate * tokens) tokens by a
+  mask id ([MASK] for BERT, a sentinel for T5); special tokens are never masked.
+* `column:<name>`: a precomputed view read from an extra column (e.g. back-translations).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+TEXT_AUGMENTATIONS = ("none", "word_deletion", "random_crop")
+ID_AUGMENTATIONS = ("span_masking",)
+
+
+def _words(text: tf.Tensor) -> tf.Tensor:
+    return tf.strings.split(text)
+
+
+def word_deletion(text: tf.Tensor, rate: float, seed: tf.Tensor) -> tf.Tensor:
+    words = _words(text)
+    n = tf.size(words)
+    keep = tf.random.stateless_uniform([n], seed) >= rate
+    # Never delete everything: keep the first word if the draw removed all of them.
+    keep = tf.logical_or(keep, tf.logical_and(tf.equal(tf.reduce_sum(tf.cast(keep, tf.int32)), 0), tf.range(n) == 0))
+    return tf.strings.reduce_join(tf.boolean_mask(words, keep), separator=" ")
+
+
+def random_crop(text: tf.Tensor, rate: float, seed: tf.Tensor) -> tf.Tensor:
+    words = _words(text)
+    n = tf.size(words)
+    length = tf.maximum(1, tf.cast(tf.math.ceil((1.0 - rate) * tf.cast(n, tf.float32)), tf.int32))
+    length = tf.minimum(length, tf.maximum(n, 1))
+    start = tf.random.stateless_uniform([], seed, minval=0, maxval=tf.maximum(n - length, 0) + 1, dtype=tf.int32)
+    return tf.strings.reduce_join(words[start : start + length], separator=" ")
+
+
+def span_masking(ids: tf.Tensor, rate: float, mask_id: int, seed: tf.Tensor, n_prefix: int, n_suffix: int) -> tf.Tensor:
+    n = tf.size(ids)
+    body = tf.maximum(n - n_prefix - n_suffix, 0)
+    span = tf.minimum(tf.cast(tf.math.ceil(rate * tf.cast(body, tf.float32)), tf.int32), body)
+    start = n_prefix + tf.random.stateless_uniform([], seed, minval=0, maxval=tf.maximum(body - span, 0) + 1, dtype=tf.int32)
+    positions = tf.range(n)
+    masked = tf.logical_and(positions >= start, positions < start + span)
+    return tf.where(masked, tf.constant(mask_id, ids.dtype), ids)
+
+
+def apply_text_augmentation(name: str, text: tf.Tensor, rate: float, seed: tf.Tensor) -> tf.Tensor:
+    if name in ("none", "span_masking"):  # span masking happens after tokenisation
+        return text
+    if name == "word_deletion":
+        return word_deletion(text, rate, seed)
+    if name == "random_crop":
+        return random_crop(text, rate, seed)
+    raise ValueError(f"unknown augmentation {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS} or 'column:<name>'")
+
+
+def check_view(name: str) -> str:
+    if name.startswith("column:") and len(name) > len("column:"):
+        return name
+    if name not in TEXT_AUGMENTATIONS + ID_AUGMENTATIONS:
+        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS} or 'column:<name>'")
+    return name

@@ -1,0 +1,112 @@
+"""Deterministic, resumable batches of model features from a seqio task or mixture.
+
+    pipe = InputPipeline("sentemb_nli_triples", batch_size=64, sequence_length=64, seed=0)
+    for batch in pipe: ...                     # {"anchor_input_ids": [64, L], "anchor_attention_mask": ..., ...}
+    state = pipe.state_dict()                  # saved with each checkpoint
+    pipe.load_state_dict(state)                # resumes exactly after the last consumed batch
+
+Epoch e of a task is the task's rows permuted with seed `seed + e`; each host reads its own
+`seqio.ShardInfo` part of that order. Text features are padded to the longest sequence in the
+batch rounded up to a bucket length (few compiled shapes); no packing, one text per row.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
+
+
+def to_model_batch(batch: Mapping[str, np.ndarray], text_features: Sequence[str], pad_id: int,
+                   buckets: Sequence[int] = DEFAULT_BUCKETS) -> dict[str, np.ndarray]:
+    """Padded id matrices -> `<f>_input_ids` / `<f>_attention_mask` at a bucket length; rest passed on."""
+    out = {}
+    for name, value in batch.items():
+        if name in text_features or name.endswith("_length") or value.dtype.kind in "OSU":
+            continue  # raw strings stay on the host side
+        out[name] = value
+    for name in text_features:
+        lengths = batch[f"{name}_length"]
+        width = bucket_length(int(max(lengths.max(initial=1), 1)), buckets)
+        ids = np.full((len(lengths), width), pad_id, np.int32)
+        src = batch[name][:, :width]
+        ids[:, : src.shape[1]] = src
+        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int32)
+        ids[mask == 0] = pad_id
+        out[f"{name}_input_ids"] = ids
+        out[f"{name}_attention_mask"] = mask
+    return out
+
+
+class InputPipeline:
+    def __init__(
+        self,
+        task: str,
+        batch_size: int,
+        sequence_length: int | Mapping[str, int],
+        seed: int = 0,
+        split: str = "train",
+        shuffle: bool = True,
+        shard_info: seqio.ShardInfo | None = None,
+        num_epochs: int | None = None,
+        drop_remainder: bool = True,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+    ):
+        self.provider = seqio.get_mixture_or_task(task)
+        self.text_features = tuple(self.provider.output_features)
+        if isinstance(sequence_length, int):
+            sequence_length = {f: sequence_length for f in self.text_features}
+        self.sequence_length = dict(sequence_length)
+        self.task, self.batch_size, self.seed, self.split = task, batch_size, seed, split
+        self.shuffle, self.shard_info, self.num_epochs = shuffle, shard_info, num_epochs
+        self.drop_remainder, self.buckets = drop_remainder, tuple(buckets)
+        self.pad_id = int(next(iter(self.provider.output_features.values())).vocabulary.pad_id)
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self._is_mixture = isinstance(self.provider, seqio.Mixture)
+
+    # Resumption state (JSON-serialisable); checked against this pipeline's settings.
+    def state_dict(self) -> dict:
+        return {"task": self.task, "seed": self.seed, "batch_size": self.batch_size,
+                "shard": [self.shard_info.index, self.shard_info.num_shards] if self.shard_info else None,
+                "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        mine = self.state_dict()
+        for key in ("task", "seed", "batch_size", "shard"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"input state was saved with {key}={state.get(key)!r}, this pipeline has {mine[key]!r}")
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+
+    def _dataset(self, epoch: int) -> tf.data.Dataset:
+        # No in-memory caching: it would ask TFDS for split sizes and freeze a shuffled order.
+        ds = self.provider.get_dataset(
+            sequence_length=self.sequence_length, split=self.split, shuffle=self.shuffle, seed=self.seed + epoch,
+            shard_info=self.shard_info, num_epochs=None if self._is_mixture else 1, use_cached=False,
+            trim_output_features=True, try_in_mem_cache=False,
+        )
+        features = self.text_features
+
+        def add_lengths(ex):
+            ex = dict(ex)
+            for f in features:
+                ex[f"{f}_length"] = tf.size(ex[f])
+            return ex
+
+        ds = ds.map(add_lengths, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        # Zero padding here; to_model_batch re-pads with the model's pad id from the lengths.
+        ds = ds.padded_batch(self.batch_size, drop_remainder=self.drop_remainder)
+        return ds.skip(self.step_in_epoch).prefetch(tf.data.AUTOTUNE)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        while self.num_epochs is None or self.epoch < self.num_epochs:
+            for batch in self._dataset(self.epoch).as_numpy_iterator():
+                self.step_in_epoch += 1
+                yield to_model_batch(batch, self.text_features, self.pad_id, self.buckets)
+            if self._is_mixture:  # an endless mixed stream has no epochs
+                return
+            self.epoch += 1
+            self.step_in_epoch = 0

@@ -1,0 +1,308 @@
+"""seqio tasks and mixtures for every kind of training data, registered in one place.
+
+    register_tasks(model_dir=..., data_dir=...)   # gin: sentemb_jax.data.register_tasks.*
+
+registers (names are `sentemb_<kind>`):
+
+| task | features | file (under DATA_DIR, override with `files`) |
+|---|---|---|
+| `sentemb_commqa` | anchor (question), positive (answer) | qa/cqa_qatarliving.jsonl, label == Good |
+| `sentemb_nli_triples` | anchor, positive, negative | nli/triples.tsv |
+| `sentemb_nli_pairs` | anchor, positive | nli/pairs.tsv, label == entailment |
+| `sentemb_sts_pairs` | sentence1, sentence2, score | stsb/{train,dev,test}.tsv (splits train/validation/test) |
+| `sentemb_sentences` | view1, view2 (augmented views of one text) | nli/sentences.tsv |
+| `sentemb_qa_nli_pairs` (mixture) | anchor, positive | commqa + nli_pairs, by size |
+
+and TFDS-backed tasks for users with prepared TFDS data: `sentemb_tfds_snli`,
+`sentemb_tfds_multi_nli` (entailment pairs), `sentemb_tfds_stsb` (glue/stsb pairs + score),
+`sentemb_tfds_qqp` (glue/qqp duplicate pairs).
+
+Every example also carries `row_id` (its position among the file's accepted rows) so a bad
+batch can be traced back to its source lines.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Mapping, Sequence
+
+import gin
+import numpy as np
+import seqio
+import tensorflow as tf
+
+from sentemb_jax.data import augment
+from sentemb_jax.data.files import DataError, FileSpec, RowIndex, index_rows, missing_file_message, read_rows
+from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
+
+log = logging.getLogger(__name__)
+
+PREFIX = "sentemb_"
+
+DEFAULT_FILES: dict[str, str | dict[str, str]] = {
+    "commqa": "qa/cqa_qatarliving.jsonl",
+    "nli_triples": "nli/triples.tsv",
+    "nli_pairs": "nli/pairs.tsv",
+    "sts_pairs": {"train": "stsb/train.tsv", "validation": "stsb/dev.tsv", "test": "stsb/test.tsv"},
+    "sentences": "nli/sentences.tsv",
+}
+
+
+class RowFileSource(seqio.DataSource):
+    """A seqio source over validated TSV/JSONL files (one per split).
+
+    Shuffling is a full permutation of the rows by the seed (no buffer); sharding takes every
+    `num_shards`-th row of that permutation, so hosts read disjoint parts of one global order.
+    """
+
+    def __init__(self, specs: Mapping[str, FileSpec], on_bad_row: str = "error", score_field: str | None = None):
+        self._specs = dict(specs)
+        self._on_bad_row = on_bad_row
+        self._indexes: dict[str, RowIndex] = {}
+        self._score_field = score_field
+        super().__init__(splits=list(specs), num_input_examples=None, caching_permitted=True, performs_internal_shuffling=True)
+
+    @property
+    def supports_arbitrary_sharding(self) -> bool:
+        return True
+
+    def list_shards(self, split: str) -> Sequence[str]:
+        return [self._specs[split].path]
+
+    def index(self, split: str) -> RowIndex:
+        if split not in self._specs:
+            raise DataError(f"split {split!r} not available; this source has {sorted(self._specs)}")
+        if split not in self._indexes:
+            self._indexes[split] = index_rows(self._specs[split], self._on_bad_row)
+        return self._indexes[split]
+
+    def num_input_examples(self, split: str) -> int | None:
+        return len(self._indexes[split]) if split in self._indexes else None
+
+    def row_order(self, split: str, shuffle: bool, seed: int | None, shard_info: seqio.ShardInfo | None) -> np.ndarray:
+        n = len(self.index(split))
+        order = np.random.default_rng(0 if seed is None else int(seed)).permutation(n) if shuffle else np.arange(n)
+        if shard_info is not None and shard_info.num_shards > 1:
+            order = order[shard_info.index :: shard_info.num_shards]
+        return order
+
+    def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
+                    shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False, num_epochs=1):
+        index = self.index(split)
+        order = self.row_order(split, shuffle, seed, shard_info)
+        spec = self._specs[split]
+        signature = {f: tf.TensorSpec((), tf.string) for f in spec.fields if f != spec.score_field}
+        if spec.score_field:
+            signature[spec.score_field] = tf.TensorSpec((), tf.float32)
+        signature["row_id"] = tf.TensorSpec((), tf.int64)
+
+        def rows():
+            for pos, example in zip(order, read_rows(index, order)):
+                example["row_id"] = int(pos)
+                yield example
+
+        return tf.data.Dataset.from_generator(rows, output_signature=signature)
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessors
+
+
+def tokenize_texts(dataset: tf.data.Dataset, output_features, sequence_length, *, tokenizer: TokenizerSpec):
+    """Text features -> ids with the model's special tokens, truncated like HF to sequence_length."""
+
+    def fn(ex):
+        ex = dict(ex)
+        for name in output_features:
+            max_len = sequence_length[name] if sequence_length and sequence_length.get(name) else 512
+            ex[name] = tokenizer.tokenize_tf(ex[name], max_len)
+        return ex
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str], rate: float, seed_offset: int = 0):
+    """One text -> view1, view2 (augmented per `views`); seeds come from seqio's map seed manager."""
+
+    @seqio.map_over_dataset(num_seeds=len(views))
+    def fn(ex, seeds):
+        ex = dict(ex)
+        for i, view in enumerate(views):
+            source = ex[view[len("column:"):]] if view.startswith("column:") else ex[text_field]
+            ex[f"view{i + 1}"] = augment.apply_text_augmentation(
+                "none" if view.startswith("column:") else view, source, rate, seeds[i])
+        return ex
+
+    return fn(dataset)
+
+
+def mask_spans(dataset: tf.data.Dataset, *, views: Sequence[str], rate: float, tokenizer: TokenizerSpec, mask_id: int):
+    @seqio.map_over_dataset(num_seeds=len(views))
+    def fn(ex, seeds):
+        ex = dict(ex)
+        for i, view in enumerate(views):
+            if view == "span_masking":
+                key = f"view{i + 1}"
+                ex[key] = augment.span_masking(ex[key], rate, mask_id, seeds[i], len(tokenizer.prefix_ids), len(tokenizer.suffix_ids))
+        return ex
+
+    return fn(dataset)
+
+
+def _mask_id(tokenizer: TokenizerSpec) -> int:
+    vocab = tokenizer.vocabulary
+    if isinstance(vocab, seqio.SentencePieceVocabulary):
+        return vocab.vocab_size - 1  # <extra_id_0>, T5's first sentinel
+    ids = getattr(vocab, "_ids", {})
+    return ids.get("[MASK]", vocab.unk_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def _register(name: str, source: seqio.DataSource, text_fields: Sequence[str], tokenizer: TokenizerSpec,
+              pre: Sequence = (), post: Sequence = ()) -> str:
+    """Task = source -> `pre` (on text) -> tokenisation -> `post` (on ids)."""
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    features = {f: seqio.Feature(tokenizer.vocabulary, add_eos=False, dtype=tf.int32) for f in text_fields}
+    seqio.TaskRegistry.add(
+        name,
+        source=source,
+        preprocessors=[seqio.CacheDatasetPlaceholder(), *pre, functools.partial(tokenize_texts, tokenizer=tokenizer), *post],
+        output_features=features,
+        shuffle_buffer_size=None,  # the source permutes all rows itself
+    )
+    return name
+
+
+def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpec]:
+    rel = files.get(kind, DEFAULT_FILES[kind])
+    by_split = rel if isinstance(rel, Mapping) else {"train": rel}
+    specs = {}
+    for split, path in by_split.items():
+        full = path if os.path.isabs(path) else os.path.join(data_dir, path)
+        binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
+        specs[split] = build(full, binding)
+    return specs
+
+
+@gin.configurable(module="sentemb_jax.data")
+def register_tasks(
+    model_dir: str = gin.REQUIRED,
+    data_dir: str = gin.REQUIRED,
+    files: Mapping[str, str | Mapping[str, str]] | None = None,
+    on_bad_row: str = "error",
+    views: Sequence[str] = ("none", "none"),
+    augment_rate: float = 0.1,
+    sentence_column: str = "sentence",
+    view_columns: Sequence[str] = (),
+    nli_pair_labels: Sequence[str] = ("entailment",),
+    commqa_labels: Sequence[str] = ("Good",),
+    sts_score_range: tuple[float, float] = (0.0, 5.0),
+    kinds: Sequence[str] = tuple(DEFAULT_FILES),
+) -> dict[str, str]:
+    """Register the file-backed tasks (and the QA+NLI mixture); returns kind -> task name.
+
+    Missing files are reported here, before any data is read, naming the gin bindings that
+    produced the path. Row validation happens when a split is first read.
+    """
+    files = dict(files or {})
+    unknown = sorted(set(files) - set(DEFAULT_FILES))
+    if unknown:
+        raise ValueError(f"register_tasks.files: unknown kind(s) {unknown}; known: {sorted(DEFAULT_FILES)}")
+    views = tuple(augment.check_view(v) for v in views)
+    if len(views) != 2:
+        raise ValueError(f"register_tasks.views: need exactly two views, got {views}")
+    tokenizer = tokenizer_spec_for(model_dir)
+    builders = {
+        "commqa": lambda p, b: FileSpec(p, {"anchor": ("question_title", "question_body"), "positive": "answer"},
+                                        keep={"label": tuple(commqa_labels)}, binding=b),
+        "nli_triples": lambda p, b: FileSpec(p, {"anchor": "anchor", "positive": "positive", "negative": "negative"}, binding=b),
+        "nli_pairs": lambda p, b: FileSpec(p, {"anchor": "sentence1", "positive": "sentence2"},
+                                           keep={"label": tuple(nli_pair_labels)}, binding=b),
+        "sts_pairs": lambda p, b: FileSpec(p, {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},
+                                           score_field="score", score_range=tuple(sts_score_range), binding=b),
+        "sentences": lambda p, b: FileSpec(p, {"text": sentence_column, **{c: c for c in view_columns}},
+                                           text_fields=("text", *view_columns), binding=b),
+    }
+    text_fields = {"commqa": ("anchor", "positive"), "nli_triples": ("anchor", "positive", "negative"),
+                   "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}
+    names = {}
+    for kind in kinds:
+        specs = _specs(kind, data_dir, files, builders[kind])
+        for spec in specs.values():
+            if not os.path.isfile(spec.path):
+                raise DataError(missing_file_message(spec))
+        source = RowFileSource(specs, on_bad_row)
+        pre, post = [], []
+        if kind == "sentences":
+            pre = [functools.partial(make_views, text_field="text", views=views, rate=augment_rate)]
+            if "span_masking" in views:
+                post = [functools.partial(mask_spans, views=views, rate=augment_rate, tokenizer=tokenizer,
+                                          mask_id=_mask_id(tokenizer))]
+        name = _register(PREFIX + kind, source, text_fields[kind], tokenizer, pre, post)
+        names[kind] = name
+    if {"commqa", "nli_pairs"} <= set(names):
+        mixture = PREFIX + "qa_nli_pairs"
+        if mixture in seqio.MixtureRegistry.names():
+            seqio.MixtureRegistry.remove(mixture)
+        seqio.MixtureRegistry.add(mixture, [names["commqa"], names["nli_pairs"]], default_rate=_size_rate)
+        names["qa_nli_pairs"] = mixture
+    return names
+
+
+def _size_rate(task: seqio.Task) -> float:
+    """Mixing rate proportional to a task's (validated) train rows."""
+    return float(len(task.source.index("train")))
+
+
+# ---------------------------------------------------------------------------------------------
+# TFDS-backed tasks
+
+
+def _tfds_pairs(dataset, *, first: str, second: str, label: str | None = None, keep_label=None, score: str | None = None):
+    if keep_label is not None:
+        dataset = dataset.filter(lambda ex: tf.equal(ex[label], keep_label))
+
+    def fn(ex):
+        out = {"anchor" if score is None else "sentence1": ex[first], "positive" if score is None else "sentence2": ex[second]}
+        if score is not None:
+            out["score"] = tf.cast(ex[score], tf.float32)
+        return out
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+TFDS_TASKS = {
+    "tfds_snli": ("snli:1.1.0", dict(first="premise", second="hypothesis", label="label", keep_label=0)),
+    "tfds_multi_nli": ("multi_nli:1.1.0", dict(first="premise", second="hypothesis", label="label", keep_label=0)),
+    "tfds_stsb": ("glue/stsb:2.0.0", dict(first="sentence1", second="sentence2", score="label")),
+    "tfds_qqp": ("glue/qqp:2.0.0", dict(first="question1", second="question2", label="label", keep_label=1)),
+}
+
+
+@gin.configurable(module="sentemb_jax.data")
+def register_tfds_tasks(model_dir: str = gin.REQUIRED, tfds_data_dir: str | None = None,
+                        kinds: Sequence[str] = tuple(TFDS_TASKS)) -> dict[str, str]:
+    """Tasks over prepared TFDS datasets (entailment pairs, STS-B pairs + score, QQP duplicates)."""
+    tokenizer = tokenizer_spec_for(model_dir)
+    names = {}
+    for kind in kinds:
+        tfds_name, mapping = TFDS_TASKS[kind]
+        fields = ("sentence1", "sentence2") if "score" in mapping else ("anchor", "positive")
+        source = seqio.TfdsDataSource(tfds_name=tfds_name, tfds_data_dir=tfds_data_dir)
+        name = PREFIX + kind
+        if name in seqio.TaskRegistry.names():
+            seqio.TaskRegistry.remove(name)
+        seqio.TaskRegistry.add(
+            name, source=source,
+            preprocessors=[functools.partial(_tfds_pairs, **mapping), seqio.CacheDatasetPlaceholder(),
+                           functools.partial(tokenize_texts, tokenizer=tokenizer)],
+            output_features={f: seqio.Feature(tokenizer.vocabulary, add_eos=False, dtype=tf.int32) for f in fields},
+            shuffle_buffer_size=10_000,
+        )
+        names[kind] = name
+    return names

@@ -1,0 +1,172 @@
+"""seqio tasks and the input pipeline: determinism, exact resumption, sharding, views, TFDS."""
+import itertools
+import os
+
+import numpy as np
+import pytest
+import seqio
+import tensorflow as tf
+
+from sentemb_jax.data.files import DataError
+from sentemb_jax.data.pipeline import InputPipeline, to_model_batch
+from sentemb_jax.data.tasks import register_tasks, register_tfds_tasks
+
+
+@pytest.fixture(scope="module")
+def tasks(minilm_dir, data_dir):
+    return register_tasks(model_dir=minilm_dir, data_dir=data_dir)
+
+
+def _take(pipe, n):
+    return list(itertools.islice(iter(pipe), n))
+
+
+def _assert_batches_equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_same_seed_same_first_100_batches(tasks):
+    make = lambda seed: InputPipeline(tasks["nli_triples"], batch_size=16, sequence_length=48, seed=seed)  # noqa: E731
+    first = _take(make(7), 100)
+    _assert_batches_equal(first, _take(make(7), 100))
+    other = _take(make(8), 1)[0]
+    assert not np.array_equal(other["row_id"], first[0]["row_id"])
+    ids = np.concatenate([b["row_id"] for b in first])
+    assert len(set(ids.tolist())) == 1600  # a permutation: no row twice within an epoch
+
+
+def test_resume_equals_uninterrupted_across_epochs(tasks):
+    """STS-B dev: 1500 rows / 64 = 23 batches an epoch; stop at 20, resume past the epoch boundary."""
+    make = lambda: InputPipeline(tasks["sts_pairs"], batch_size=64, sequence_length=64, seed=3, split="validation")  # noqa: E731
+    full = _take(make(), 40)
+    pipe = make()
+    head = _take(pipe, 20)
+    state = pipe.state_dict()
+    assert state["epoch"] == 0 and state["step_in_epoch"] == 20
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = _take(resumed, 20)
+    _assert_batches_equal(head + tail, full)
+    assert resumed.state_dict()["epoch"] == 1
+    # Epochs differ in order but cover the same rows.
+    e0 = np.concatenate([b["row_id"] for b in full[:23]])
+    e1 = np.concatenate([b["row_id"] for b in full[23:40]])
+    assert len(set(e0.tolist())) == 23 * 64 and not np.array_equal(e0[: len(e1)], e1)
+
+
+def test_state_from_other_settings_refused(tasks):
+    pipe = InputPipeline(tasks["nli_triples"], batch_size=8, sequence_length=32, seed=1)
+    state = pipe.state_dict()
+    other = InputPipeline(tasks["nli_triples"], batch_size=8, sequence_length=32, seed=2)
+    with pytest.raises(ValueError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_shards_are_disjoint_and_cover_the_epoch(tasks):
+    def rows(index):
+        pipe = InputPipeline(tasks["sts_pairs"], batch_size=50, sequence_length=32, seed=0, split="validation",
+                             shard_info=seqio.ShardInfo(index, 2), num_epochs=1)
+        return np.concatenate([b["row_id"] for b in pipe])
+
+    a, b = rows(0), rows(1)
+    assert len(a) == len(b) == 750 and not set(a.tolist()) & set(b.tolist())
+    assert sorted(a.tolist() + b.tolist()) == list(range(1500))
+
+
+def test_model_batch_features(tasks, minilm_dir):
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    pipe = InputPipeline(tasks["sts_pairs"], batch_size=32, sequence_length=128, seed=0, split="validation", shuffle=False)
+    batch = _take(pipe, 1)[0]
+    assert set(batch) == {"sentence1_input_ids", "sentence1_attention_mask", "sentence2_input_ids",
+                          "sentence2_attention_mask", "score", "row_id"}
+    ids, mask = batch["sentence1_input_ids"], batch["sentence1_attention_mask"]
+    assert ids.shape[1] in (8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64) and ids.dtype == np.int32
+    assert mask.sum(1).max() <= ids.shape[1] < 1.3 * mask.sum(1).max() + 8
+    from sentemb_jax.data.files import read_sts_pairs
+
+    s1, _, gold = read_sts_pairs(os.path.join(os.path.dirname(os.path.dirname(pipe.provider.source.list_shards("validation")[0])), "stsb", "dev.tsv"))
+    want = hf(s1[:32])["input_ids"]
+    for i in range(32):
+        assert ids[i, : mask[i].sum()].tolist() == want[i] and (ids[i, mask[i].sum():] == 0).all()
+    np.testing.assert_allclose(batch["score"], gold[:32], rtol=1e-6)
+
+
+def test_views_deterministic_and_augmented(minilm_dir, data_dir):
+    def first_batch(views, seed=0):
+        names = register_tasks(model_dir=minilm_dir, data_dir=data_dir, views=views, augment_rate=0.3, kinds=("sentences",))
+        return _take(InputPipeline(names["sentences"], batch_size=32, sequence_length=64, seed=seed), 1)[0]
+
+    plain = first_batch(("none", "none"))
+    np.testing.assert_array_equal(plain["view1_input_ids"], plain["view2_input_ids"])  # SimCSE: dropout only
+    deleted = first_batch(("word_deletion", "random_crop"))
+    _assert_batches_equal([deleted], [first_batch(("word_deletion", "random_crop"))])
+    np.testing.assert_array_equal(deleted["row_id"], plain["row_id"])
+    shorter1 = deleted["view1_attention_mask"].sum(1) <= plain["view1_attention_mask"].sum(1)
+    shorter2 = deleted["view2_attention_mask"].sum(1) <= plain["view1_attention_mask"].sum(1)
+    assert shorter1.all() and shorter2.all()
+    assert (deleted["view1_attention_mask"].sum(1) < plain["view1_attention_mask"].sum(1)).mean() > 0.5
+    other_seed = first_batch(("word_deletion", "random_crop"), seed=1)
+    assert not np.array_equal(other_seed["row_id"], deleted["row_id"])
+    masked = first_batch(("none", "span_masking"))
+    a, b, m = masked["view1_input_ids"], masked["view2_input_ids"], masked["view1_attention_mask"]
+    np.testing.assert_array_equal(masked["view2_attention_mask"], m)
+    for i in range(len(a)):
+        n = m[i].sum()
+        diff = np.nonzero(a[i, :n] != b[i, :n])[0]
+        assert (b[i, diff] == 103).all()  # [MASK]
+        assert a[i, 0] == b[i, 0] == 101 and a[i, n - 1] == b[i, n - 1] == 102  # specials untouched
+        if len(diff):
+            assert diff.max() - diff.min() + 1 == len(diff)  # one contiguous span
+            assert len(diff) == int(np.ceil(0.3 * (n - 2)))
+
+
+def test_precomputed_view_column(minilm_dir, tmp_path):
+    (tmp_path / "s.tsv").write_text("sentence\tbt_de\nA man plays.\tA guy is playing.\nHello there\tHi there\n")
+    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+                           views=("none", "column:bt_de"), view_columns=("bt_de",), kinds=("sentences",))
+    batch = _take(InputPipeline(names["sentences"], batch_size=2, sequence_length=32, shuffle=False, num_epochs=1), 1)[0]
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    for i, (text, bt) in enumerate([("A man plays.", "A guy is playing."), ("Hello there", "Hi there")]):
+        assert batch["view1_input_ids"][i, : batch["view1_attention_mask"][i].sum()].tolist() == hf(text)["input_ids"]
+        assert batch["view2_input_ids"][i, : batch["view2_attention_mask"][i].sum()].tolist() == hf(bt)["input_ids"]
+
+
+def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
+    with pytest.raises(DataError, match=r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="):
+        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+
+
+def test_mixture_draws_from_both_tasks(tasks):
+    pipe = InputPipeline(tasks["qa_nli_pairs"], batch_size=32, sequence_length=64, seed=0)
+    batches = _take(pipe, 8)
+    _assert_batches_equal(batches, _take(InputPipeline(tasks["qa_nli_pairs"], batch_size=32, sequence_length=64, seed=0), 8))
+    assert all(b["anchor_input_ids"].shape[0] == 32 for b in batches)
+
+
+def test_tfds_tasks_with_mock_data(minilm_dir):
+    import tensorflow_datasets as tfds
+
+    names = register_tfds_tasks(model_dir=minilm_dir, kinds=("tfds_snli", "tfds_stsb"))
+    with tfds.testing.mock_data(num_examples=40):
+        pairs = _take(InputPipeline(names["tfds_snli"], batch_size=4, sequence_length=32, seed=0, drop_remainder=False, num_epochs=1), 50)
+        sts = _take(InputPipeline(names["tfds_stsb"], batch_size=4, sequence_length=32, seed=0, num_epochs=1), 3)
+    assert pairs and set(pairs[0]) >= {"anchor_input_ids", "positive_input_ids"}
+    assert sum(len(b["anchor_input_ids"]) for b in pairs) < 40  # only entailment (label 0) pairs kept
+    assert set(sts[0]) >= {"sentence1_input_ids", "sentence2_input_ids", "score"} and sts[0]["score"].dtype == np.float32
+    assert (sts[0]["sentence1_input_ids"][:, 0] == 101).all()
+
+
+def test_to_model_batch_pads_with_model_pad_id():
+    batch = {"a": np.array([[5, 6, 7], [8, 0, 0]], np.int32), "a_length": np.array([3, 1]), "text": np.array([b"x", b"y"])}
+    out = to_model_batch(batch, ("a",), pad_id=1, buckets=(4, 8))
+    np.testing.assert_array_equal(out["a_input_ids"], [[5, 6, 7, 1], [8, 1, 1, 1]])
+    np.testing.assert_array_equal(out["a_attention_mask"], [[1, 1, 1, 0], [1, 0, 0, 0]])
+    assert "text" not in out
