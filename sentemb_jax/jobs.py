@@ -8,6 +8,7 @@ import time
 
 import gin
 
+from sentemb_jax.data import tasks as data_tasks
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 
 log = logging.getLogger(__name__)
@@ -47,3 +48,25 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
         with open(os.path.join(model_dir, "results.json"), "w") as f:
             json.dump(result, f, indent=2)
     return result
+
+
+@gin.configurable(module="sentemb_jax")
+def data_summary(batch_size: int = 64, sequence_length: int = 128, seed: int = 0) -> dict:
+    """Register the tasks (gin: sentemb_jax.data.register_tasks.*), validate each file, show a batch."""
+    from sentemb_jax.data.pipeline import InputPipeline
+
+    names = data_tasks.register_tasks()
+    summary = {}
+    for kind, name in names.items():
+        pipe = InputPipeline(name, batch_size=batch_size, sequence_length=sequence_length, seed=seed)
+        batch = next(iter(pipe))
+        shapes = {k: list(v.shape) for k, v in batch.items()}
+        provider = pipe.provider
+        rows = None
+        if hasattr(provider, "source") and hasattr(provider.source, "index"):
+            index = provider.source.index("train")
+            rows = len(index)
+            print(index.summary)
+        summary[kind] = {"task": name, "rows": rows, "batch": shapes}
+        print(f"{name}: {shapes}")
+    return summary

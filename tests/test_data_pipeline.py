@@ -170,3 +170,15 @@ def test_to_model_batch_pads_with_model_pad_id():
     np.testing.assert_array_equal(out["a_input_ids"], [[5, 6, 7, 1], [8, 1, 1, 1]])
     np.testing.assert_array_equal(out["a_attention_mask"], [[1, 1, 1, 0], [1, 0, 0, 0]])
     assert "text" not in out
+
+
+def test_data_job_reports_missing_file_with_binding(tmp_path):
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/data_summary.gin",
+                           f"--gin.DATA_DIR='{tmp_path}'"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert (f"error: {tmp_path}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding "
+            f"sentemb_jax.data.register_tasks.data_dir='{tmp_path}' (DATA_DIR)") in proc.stderr
