@@ -20,15 +20,15 @@ def in_batch_softmax_loss(
     temperature: float | Array = 0.05,
     bidirectional: bool = False,
     label_smoothing: float = 0.0,
-    positive_keys: Array | None = None,
+    duplicates: Array | None = None,
 ) -> Array:
     """Sentence-T5 eq. 2: softmax over each anchor's positive, the other positives, hard negatives.
 
     anchors, positives, hard_negatives: [B, D] embeddings (L2-normalised for cosine similarity).
     bidirectional: also classify each positive against all anchors; the two terms are averaged.
     label_smoothing: target mass spread uniformly over the non-masked candidates.
-    positive_keys: [B] ids of the positive texts; other rows with the same key are masked out
-      of the candidates (a duplicate is not a negative).
+    duplicates: [B, B] bool, True where positives i and j are the same text; such other rows
+      are masked out of the candidates (a duplicate of the positive is not a negative).
     Returns the mean loss (a float32 scalar).
     """
     a = anchors.astype(jnp.float32)
@@ -36,9 +36,8 @@ def in_batch_softmax_loss(
     candidates = p if hard_negatives is None else jnp.concatenate([p, hard_negatives.astype(jnp.float32)], axis=0)
     batch = a.shape[0]
     valid = jnp.ones((batch, candidates.shape[0]), bool)
-    if positive_keys is not None:
-        duplicate = (positive_keys[:, None] == positive_keys[None, :]) & ~jnp.eye(batch, dtype=bool)
-        valid = valid.at[:, :batch].set(~duplicate)
+    if duplicates is not None:
+        valid = valid.at[:, :batch].set(~(duplicates & ~jnp.eye(batch, dtype=bool)))
     forward = _softmax_xent(a @ candidates.T / temperature, valid, label_smoothing)
     if not bidirectional:
         return forward

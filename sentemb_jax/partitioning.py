@@ -1,0 +1,108 @@
+"""Device mesh and t5x-style logical axis rules: sharding is chosen by rules, not annotations.
+
+Parameters carry logical axis names (`vocab`, `embed`, `mlp`, `heads`, `joined_kv`, ...);
+activations are constrained on (`batch`, `length`, `embed`). The rules below map them to mesh
+axes `data`, `fsdp` and `model`:
+
+* `batch` -> data and fsdp (the global batch is split over both);
+* model parallelism: `vocab`, `mlp`, `heads`, `joined_kv` -> model;
+* FSDP: parameters' `embed` dimension -> fsdp (activations' `embed` stays unsharded because
+  fsdp is already used by `batch` in the same array).
+Optimizer-state shardings are derived from the parameters' (XLA would leave them replicated).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import gin
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "model")
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "model"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("joined_kv", "model"),
+    ("kv", None),
+    ("embed", "fsdp"),
+    ("embed", None),
+    ("length", None),
+    ("layers", None),
+    ("relpos_buckets", None),
+    ("abspos_buckets", None),
+    ("affinity", None),
+)
+
+
+@gin.configurable(module="sentemb_jax")
+def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, model) mesh; -1 for `data` takes the devices left over."""
+    devices = list(devices if devices is not None else jax.devices())
+    if data == -1:
+        if len(devices) % (fsdp * model):
+            raise ValueError(f"{len(devices)} devices cannot be split into fsdp={fsdp} x model={model}")
+        data = len(devices) // (fsdp * model)
+    if data * fsdp * model != len(devices):
+        raise ValueError(f"mesh data={data} x fsdp={fsdp} x model={model} != {len(devices)} devices")
+    auto = (jax.sharding.AxisType.Auto,) * 3  # t5x-style propagation needs Auto axes
+    return jax.make_mesh((data, fsdp, model), MESH_AXES, axis_types=auto, devices=devices)
+
+
+def logical_specs(abstract_tree) -> Any:
+    """Logical PartitionSpecs of a boxed (nn.LogicallyPartitioned) tree; unboxed leaves -> P()."""
+    return nn.get_partition_spec(abstract_tree)
+
+
+def mesh_shardings(logical_spec_tree, mesh: Mesh, rules=LOGICAL_AXIS_RULES):
+    return nn.logical_to_mesh_sharding(logical_spec_tree, mesh, list(rules))
+
+
+def _keys(path) -> tuple:
+    return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", None))) for k in path)
+
+
+def derive_state_shardings(state_shapes, param_shapes, param_shardings, mesh: Mesh):
+    """Shardings for an optimizer state, from the parameter each leaf belongs to.
+
+    A leaf whose path ends with a parameter's path takes that parameter's sharding when it has
+    the same shape (Adam moments), or the sharding with one dimension dropped when it is a
+    factored statistic one rank lower (Adafactor's v_row / v_col); anything else is replicated.
+    """
+    flat_params = {_keys(p): (s, sh) for (p, s), sh in zip(
+        jax.tree_util.tree_flatten_with_path(param_shapes)[0], jax.tree_util.tree_leaves(param_shardings))}
+    replicated = NamedSharding(mesh, P())
+
+    def for_leaf(path, leaf):
+        keys = _keys(path)
+        for start in range(len(keys)):
+            match = flat_params.get(keys[start:])
+            if match is None:
+                continue
+            param, sharding = match
+            spec = tuple(sharding.spec) + (None,) * (len(param.shape) - len(sharding.spec))
+            if tuple(leaf.shape) == tuple(param.shape):
+                return sharding
+            if len(leaf.shape) == len(param.shape) - 1:
+                for drop in range(len(param.shape)):
+                    if tuple(leaf.shape) == tuple(param.shape[:drop] + param.shape[drop + 1:]):
+                        return NamedSharding(mesh, P(*(spec[:drop] + spec[drop + 1:])))
+            return replicated
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(for_leaf, state_shapes)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension over data x fsdp, the rest replicated."""
+    return NamedSharding(mesh, P(("data", "fsdp")))
+
+
+def shard_batch(batch: dict, mesh: Mesh) -> dict:
+    """Place a host batch (numpy) on the mesh, split along the batch dimension."""
+    sharding = batch_sharding(mesh)
+    return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}

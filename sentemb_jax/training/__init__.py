@@ -1,0 +1,1 @@
+"""Training: optimisers, the contrastive train step (with GradCache) and the train loop."""

@@ -1,0 +1,155 @@
+"""The contrastive dual-encoder train step: a pure function of (state, batch, rng).
+
+Both towers share parameters. Each side (anchor / positive / hard negative) is embedded with its
+own dropout rng, in chunks of `chunk_size` rows (chunk i of a side uses fold_in(side_rng, i)).
+With `gradcache=True` the step runs GradCache (Gao et al. 2021): embeddings of every chunk
+without gradients, the loss gradient w.r.t. the embeddings, then each chunk re-encoded with the
+same rng and back-propagated with its slice of that gradient - the loss still sees the whole
+(global) batch, while activation memory is bounded by one chunk. Both paths give the same
+gradient.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import optax
+
+from sentemb_jax.losses import in_batch_softmax_loss
+
+Array = jax.Array
+
+
+@gin.configurable(module="sentemb_jax")
+@dataclasses.dataclass(frozen=True)
+class ContrastiveConfig:
+    """Which batch features are anchor / positive / negative, and the loss settings.
+
+    SimCSE unsupervised: anchor='view1', positive='view2' (same text, two dropout masks).
+    """
+
+    anchor: str = "anchor"
+    positive: str = "positive"
+    negative: str | None = None
+    temperature: float = 0.05
+    learnable_temperature: bool = False
+    bidirectional: bool = False
+    label_smoothing: float = 0.0
+    mask_duplicates: bool = True
+    chunk_size: int | None = None
+    gradcache: bool = False
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: Array
+    params: Any
+    opt_state: Any
+
+
+def initial_params(tower_params, cfg: ContrastiveConfig) -> dict:
+    params = {"tower": tower_params}
+    if cfg.learnable_temperature:
+        params["log_temperature"] = jnp.log(jnp.asarray(cfg.temperature, jnp.float32))
+    return params
+
+
+def temperature_of(params, cfg: ContrastiveConfig):
+    return jnp.exp(params["log_temperature"]) if cfg.learnable_temperature else cfg.temperature
+
+
+def same_rows(ids: Array, mask: Array) -> Array:
+    """[B, B] True where two rows hold the same tokens (duplicate texts)."""
+    ids = jnp.where(mask > 0, ids, -1)
+    return jnp.all(ids[:, None, :] == ids[None, :, :], axis=-1)
+
+
+def _chunks(n: int, size: int | None) -> list[tuple[int, int]]:
+    size = size or n
+    if n % size:
+        raise ValueError(f"batch of {n} rows is not divisible by chunk_size={size}")
+    return [(i, i + size) for i in range(0, n, size)]
+
+
+def embed_side(module: nn.Module, tower_params, ids: Array, mask: Array, rng: Array, chunk_size: int | None) -> Array:
+    """Embeddings of one side, chunk by chunk (chunk i: dropout rng fold_in(rng, i)), train mode."""
+    out = [module.apply({"params": tower_params}, ids[a:b], mask[a:b], False, rngs={"dropout": jax.random.fold_in(rng, i)})
+           for i, (a, b) in enumerate(_chunks(ids.shape[0], chunk_size))]
+    return out[0] if len(out) == 1 else jnp.concatenate(out, axis=0)
+
+
+def _sides(cfg: ContrastiveConfig) -> list[str]:
+    return [cfg.anchor, cfg.positive] + ([cfg.negative] if cfg.negative else [])
+
+
+def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg: ContrastiveConfig) -> Array:
+    duplicates = None
+    if cfg.mask_duplicates:
+        duplicates = same_rows(batch[f"{cfg.positive}_input_ids"], batch[f"{cfg.positive}_attention_mask"])
+    return in_batch_softmax_loss(
+        embeddings[cfg.anchor], embeddings[cfg.positive], embeddings.get(cfg.negative) if cfg.negative else None,
+        temperature=temperature_of(params, cfg), bidirectional=cfg.bidirectional,
+        label_smoothing=cfg.label_smoothing, duplicates=duplicates,
+    )
+
+
+def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: ContrastiveConfig):
+    side_rngs = {side: jax.random.fold_in(rng, i) for i, side in enumerate(_sides(cfg))}
+
+    def embed_all(tower_params):
+        return {s: embed_side(module, tower_params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], side_rngs[s],
+                              cfg.chunk_size) for s in _sides(cfg)}
+
+    if not cfg.gradcache:
+        def full_loss(p):
+            return loss_from_embeddings(embed_all(p["tower"]), batch, p, cfg)
+
+        return jax.value_and_grad(full_loss)(params)
+
+    # GradCache pass 1: every chunk's embeddings, no graph kept (lax.map: one chunk live at a time).
+    def chunked(side):
+        ids, mask = batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"]
+        n = len(_chunks(ids.shape[0], cfg.chunk_size))
+        return ids.reshape(n, -1, ids.shape[1]), mask.reshape(n, -1, mask.shape[1]), jnp.arange(n)
+
+    def encode_chunk(tower_params, side, ids, mask, i):
+        rngs = {"dropout": jax.random.fold_in(side_rngs[side], i)}
+        return module.apply({"params": tower_params}, ids, mask, False, rngs=rngs)
+
+    embeddings = {}
+    for side in _sides(cfg):
+        out = jax.lax.map(lambda x, side=side: encode_chunk(params["tower"], side, *x), chunked(side))
+        embeddings[side] = jax.lax.stop_gradient(out.reshape(-1, out.shape[-1]))
+    other = {k: v for k, v in params.items() if k != "tower"}
+    # Pass 2: gradient of the loss w.r.t. the embeddings (and the temperature).
+    loss, (emb_grads, other_grads) = jax.value_and_grad(
+        lambda e, o: loss_from_embeddings(e, batch, {**o, "tower": None}, cfg), argnums=(0, 1))(embeddings, other)
+    # Pass 3: re-encode each chunk with the same rng and accumulate its vector-Jacobian product.
+    tower_grads = jax.tree_util.tree_map(jnp.zeros_like, params["tower"])
+    for side in _sides(cfg):
+        ids, mask, index = chunked(side)
+        cotangent = emb_grads[side].reshape(ids.shape[0], ids.shape[1], -1)
+
+        def accumulate(acc, x, side=side):
+            ids_i, mask_i, i, cot_i = x
+            _, vjp = jax.vjp(lambda p: encode_chunk(p, side, ids_i, mask_i, i), params["tower"])
+            return jax.tree_util.tree_map(jnp.add, acc, vjp(cot_i)[0]), None
+
+        tower_grads, _ = jax.lax.scan(accumulate, tower_grads, (ids, mask, index, cotangent))
+    return loss, {"tower": tower_grads, **other_grads}
+
+
+def train_step(state: TrainState, batch: dict, rng: Array, *, module: nn.Module, optimizer: optax.GradientTransformation,
+               cfg: ContrastiveConfig):
+    """One optimizer step; returns (new state, metrics)."""
+    rng = jax.random.fold_in(rng, state.step)
+    loss, grads = loss_and_grads(module, state.params, batch, rng, cfg)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "temperature": temperature_of(state.params, cfg)}
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
