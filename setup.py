@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     "scikit-learn==1.9.1",
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
+    "tensorboardX==2.6.5",
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "transformers==5.23.0",

@@ -26,6 +26,7 @@ def register_configurables() -> None:
     """Import every module that defines gin configurables, so bindings can name them."""
     import sentemb_jax.evaluation.jobs  # noqa: F401
     import sentemb_jax.jobs  # noqa: F401
+    import sentemb_jax.training.trainer  # noqa: F401
 
 
 def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentemb_jax.checkpoints import CheckpointError
     from sentemb_jax.data.files import DataError
     from sentemb_jax.tokenization import TokenizerError
+    from sentemb_jax.training.trainer import TrainingError
 
     try:
         register_configurables()
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, DataError, TokenizerError, FileNotFoundError) as e:
+    except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -39,6 +39,10 @@ class SentenceEmbedder(nn.Module):
 
     def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True) -> Array:
         modes = P.check_pooling_modes(self.pooling)
+        if self.is_initializing():
+            # Create every backbone parameter (decoder, LM head) even if this pooling skips them,
+            # so the tree matches the checkpoint it came from and exports back to it.
+            self.backbone(input_ids, attention_mask)
         need_layers = any(m in P.LAYER_POOLERS for m in modes)
         last, hidden = self.backbone.encode(input_ids, attention_mask, deterministic, need_layers)
         vectors = []

@@ -1,0 +1,213 @@
+"""The train loop: one canonical loop for every contrastive job.
+
+    python -m sentemb_jax.main --gin_file=gin/runs/minilm_nli.gin --gin.MODEL_DIR="'/tmp/run'"
+
+* Towers start from a Hugging Face / sentence-transformers directory (`init_from`), optionally
+  with params restored from another run's checkpoint (`params_from`: two-stage training; the
+  optimizer state and step start afresh).
+* Sharded `jax.jit` step over a (data, fsdp, model) mesh (gin: sentemb_jax.make_mesh.*).
+* Orbax checkpoints every `checkpoint_every` steps (last `keep_checkpoints` kept, written
+  atomically), holding the TrainState and the input pipeline's position; a run restarted with
+  the same MODEL_DIR resumes exactly where the last checkpoint left it.
+* STS-B dev Spearman every `eval_every` steps; the best params are kept in MODEL_DIR/best.
+* Metrics to TensorBoard event files and MODEL_DIR/metrics.jsonl; a progress bar with loss and
+  pairs/s.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
+
+from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.data.pipeline import InputPipeline
+from sentemb_jax.data.tasks import register_tasks
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.evaluation.sts import evaluate_sts_pairs
+from sentemb_jax.partitioning import make_mesh, shard_batch
+from sentemb_jax.training.optimizers import make_optimizer
+from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
+from sentemb_jax.training.step import ContrastiveConfig, TrainState
+
+log = logging.getLogger(__name__)
+
+TRAIN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # coarse: each shape costs a compile
+
+
+class TrainingError(RuntimeError):
+    """A training run that cannot start or continue (the message says why)."""
+
+
+def _check_model_dir(model_dir: str) -> None:
+    try:
+        os.makedirs(model_dir, exist_ok=True)
+        probe = os.path.join(model_dir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise TrainingError(f"MODEL_DIR {model_dir}: not writable ({e.strerror})") from None
+
+
+def _model_batch(batch: dict, cfg: ContrastiveConfig) -> dict:
+    sides = [cfg.anchor, cfg.positive] + ([cfg.negative] if cfg.negative else [])
+    return {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in sides and k.endswith(("_input_ids", "_attention_mask"))}
+
+
+@gin.configurable(module="sentemb_jax")
+def train(
+    model_dir: str = gin.REQUIRED,
+    init_from: str = gin.REQUIRED,
+    task: str = gin.REQUIRED,
+    num_steps: int = gin.REQUIRED,
+    batch_size: int = 64,
+    sequence_length: int = 64,
+    seed: int = 0,
+    pooling=None,
+    contrastive: ContrastiveConfig = ContrastiveConfig(),
+    params_from: str | None = None,
+    checkpoint_every: int = 100,
+    keep_checkpoints: int = 2,
+    eval_every: int | None = 100,
+    data_dir: str | None = None,
+    log_every: int = 10,
+    config_overrides: dict | None = None,
+) -> dict:
+    """Train a dual encoder; returns the last metrics (and the best STS-B dev score)."""
+    _check_model_dir(model_dir)
+    data_dir = data_dir or default_data_dir()
+    encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
+    module = encoder.module
+    names = register_tasks(model_dir=encoder_tokenizer_dir(init_from), data_dir=data_dir)
+    if task not in names:
+        raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
+    optimizer = make_optimizer()
+    mesh = make_mesh()
+    pipeline = InputPipeline(names[task], batch_size=batch_size, sequence_length=sequence_length, seed=seed, buckets=TRAIN_BUCKETS)
+    batches = iter(pipeline)
+    dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
+    first = {f"{contrastive.anchor}_input_ids": dummy, f"{contrastive.anchor}_attention_mask": dummy}
+    step_fn, abstract, shardings = build_sharded_step(module, optimizer, contrastive, mesh, first)
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True)
+    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(model_dir), "checkpoints"), options=options)
+    best_manager = ocp.CheckpointManager(os.path.join(os.path.abspath(model_dir), "best"),
+                                         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+    restore_target = jax.tree_util.tree_map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
+    history_path = os.path.join(model_dir, "metrics.jsonl")
+    if manager.latest_step() is not None:
+        step0 = manager.latest_step()
+        restored = manager.restore(step0, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(restore_target), data=ocp.args.JsonRestore()))
+        state = restored["state"]
+        pipeline.load_state_dict(restored["data"]["input"])
+        best = restored["data"].get("best")
+        batches = iter(pipeline)
+        log.info("resumed from %s at step %d", model_dir, step0)
+    else:
+        tower = encoder.params
+        if params_from:
+            tower = _params_from_run(params_from, restore_target)
+        state = place_state(tower, optimizer, contrastive, shardings)
+        best = None
+    writer = _SummaryWriter(model_dir)
+    evaluator = _StsDevEvaluator(encoder, data_dir) if eval_every else None
+    rng = jax.random.PRNGKey(seed)
+    start_step = int(state.step)
+    bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", disable=None)
+    tick, metrics = time.perf_counter(), {}
+    with activation_rules(mesh):
+        while int(state.step) < num_steps:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise TrainingError(f"task {task!r} ran out of data at step {int(state.step)}") from None
+            state, out = step_fn(state, shard_batch(_model_batch(batch, contrastive), mesh), rng)
+            step = int(state.step)
+            if step % log_every == 0 or step == num_steps:
+                out = {k: float(v) for k, v in jax.device_get(out).items()}
+                if not np.isfinite(out["loss"]):
+                    raise TrainingError(f"non-finite loss {out['loss']} at step {step} (rows {batch.get('row_id', [])[:8]}...)")
+                rate = log_every * batch_size / (time.perf_counter() - tick)
+                tick = time.perf_counter()
+                metrics = {"step": step, **out, "pairs_per_s": rate}
+                bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
+            if evaluator and (step % eval_every == 0 or step == num_steps):
+                score = evaluator(state.params["tower"])
+                metrics = {**metrics, "step": step, "stsb_dev_spearman": score}
+                if best is None or score > best["stsb_dev_spearman"]:
+                    best = {"step": step, "stsb_dev_spearman": score}
+                    best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+                bar.write(f"step {step}: STS-B dev spearman {score:.2f} (best {best['stsb_dev_spearman']:.2f} at {best['step']})")
+            if metrics.get("step") == step:
+                writer.write(step, metrics, history_path)
+            if step % checkpoint_every == 0 or step == num_steps:
+                manager.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best})), force=True)
+            bar.update(1)
+    bar.close()
+    manager.wait_until_finished()
+    best_manager.wait_until_finished()
+    writer.close()
+    return {**metrics, "best": best}
+
+
+def encoder_tokenizer_dir(init_from: str) -> str:
+    """The directory holding the tokenizer files (the Transformer module of an ST model)."""
+    modules = os.path.join(init_from, "modules.json")
+    if os.path.isfile(modules):
+        with open(modules) as f:
+            for m in json.load(f):
+                if str(m.get("type", "")).endswith("Transformer"):
+                    return os.path.join(init_from, m.get("path", ""))
+    return init_from
+
+
+def _params_from_run(run_dir: str, restore_target: TrainState):
+    """Tower params of another run's latest checkpoint (stage 2 of two-stage training)."""
+    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), "checkpoints"))
+    step = manager.latest_step()
+    if step is None:
+        raise TrainingError(f"params_from={run_dir}: no checkpoint found under {run_dir}/checkpoints")
+    restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(restore_target)))
+    log.info("stage start: params from %s step %d (optimizer state and step reset)", run_dir, step)
+    return restored["state"].params["tower"]
+
+
+class _StsDevEvaluator:
+    def __init__(self, encoder: SentenceEncoder, data_dir: str):
+        self.encoder = encoder
+        self.s1, self.s2, self.gold = read_sts_pairs(os.path.join(data_dir, "stsb", "dev.tsv"), score_range=(0, 5))
+
+    def __call__(self, tower_params) -> float:
+        self.encoder.params = jax.device_get(tower_params)
+        return evaluate_sts_pairs(self.encoder, self.s1, self.s2, self.gold)["spearman"]
+
+
+class _SummaryWriter:
+    """TensorBoard event files (tensorboardX) plus one JSON line per logged step."""
+
+    def __init__(self, model_dir: str):
+        from tensorboardX import SummaryWriter
+
+        self._writer = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+
+    def write(self, step: int, metrics: dict, jsonl_path: str) -> None:
+        for k, v in metrics.items():
+            if k != "step" and isinstance(v, (int, float)):
+                self._writer.add_scalar(k, v, step)
+        with open(jsonl_path, "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+    def close(self) -> None:
+        self._writer.close()
