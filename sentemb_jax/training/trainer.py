@@ -20,6 +20,7 @@ import logging
 import os
 import time
 
+import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
@@ -32,7 +33,10 @@ from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import register_tasks
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.evaluation.sts import evaluate_sts_pairs
+from sentemb_jax.models import BertConfig, ModelConfig, T5Config
+from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import make_mesh, shard_batch
+from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training.optimizers import make_optimizer
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState
@@ -62,10 +66,22 @@ def _model_batch(batch: dict, cfg: ContrastiveConfig) -> dict:
     return {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in sides and k.endswith(("_input_ids", "_attention_mask"))}
 
 
+gin.external_configurable(T5Config, module="sentemb_jax")
+gin.external_configurable(BertConfig, module="sentemb_jax")
+
+
+@gin.configurable(module="sentemb_jax")
+def tower_module(backbone: ModelConfig = gin.REQUIRED, pooling=("mean",), projection_dim: int | None = None,
+                 normalize: bool = True) -> SentenceEmbedder:
+    """A dual-encoder tower from a backbone config (random init; gin/models/*.gin set the sizes)."""
+    return SentenceEmbedder(backbone, pooling=tuple(pooling), projection_dim=projection_dim, normalize=normalize)
+
+
 @gin.configurable(module="sentemb_jax")
 def train(
     model_dir: str = gin.REQUIRED,
-    init_from: str = gin.REQUIRED,
+    init_from: str | None = None,
+    tokenizer_dir: str | None = None,
     task: str = gin.REQUIRED,
     num_steps: int = gin.REQUIRED,
     batch_size: int = 64,
@@ -84,9 +100,17 @@ def train(
     """Train a dual encoder; returns the last metrics (and the best STS-B dev score)."""
     _check_model_dir(model_dir)
     data_dir = data_dir or default_data_dir()
-    encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
+    if init_from:
+        encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
+        tokenizer_dir = tokenizer_dir or encoder_tokenizer_dir(init_from)
+    elif tokenizer_dir:
+        # From scratch: the tower from gin (sentemb_jax.tower_module.*), weights initialised below.
+        tokenizer = Tokenizer.from_pretrained(tokenizer_dir, max_length=sequence_length)
+        encoder = SentenceEncoder(tower_module(), None, tokenizer)
+    else:
+        raise TrainingError("give train.init_from (a model directory) or train.tokenizer_dir (to train from scratch)")
     module = encoder.module
-    names = register_tasks(model_dir=encoder_tokenizer_dir(init_from), data_dir=data_dir)
+    names = register_tasks(model_dir=tokenizer_dir, data_dir=data_dir)
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
     optimizer = make_optimizer()
@@ -115,6 +139,11 @@ def train(
         log.info("resumed from %s at step %d", model_dir, step0)
     else:
         tower = encoder.params
+        if tower is None:
+            init = jax.jit(lambda r: nn.meta.unbox(module.init(r, first[f"{contrastive.anchor}_input_ids"],
+                                                                first[f"{contrastive.anchor}_attention_mask"])["params"]),
+                           out_shardings=shardings.params["tower"])
+            tower = init(jax.random.PRNGKey(seed))
         if params_from:
             tower = _params_from_run(params_from, restore_target)
         state = place_state(tower, optimizer, contrastive, shardings)
