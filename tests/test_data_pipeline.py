@@ -182,3 +182,10 @@ def test_data_job_reports_missing_file_with_binding(tmp_path):
     assert proc.returncode == 1
     assert (f"error: {tmp_path}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding "
             f"sentemb_jax.data.register_tasks.data_dir='{tmp_path}' (DATA_DIR)") in proc.stderr
+
+
+def test_same_length_pads_every_feature_to_one_bucket():
+    batch = {"a": np.array([[5, 6, 7]], np.int32), "a_length": np.array([3]), "b": np.array([[9]], np.int32), "b_length": np.array([1])}
+    out = to_model_batch(batch, ("a", "b"), pad_id=0, buckets=(2, 4, 8), same_length=True)
+    assert out["a_input_ids"].shape == out["b_input_ids"].shape == (1, 4)
+    np.testing.assert_array_equal(out["b_attention_mask"], [[1, 0, 0, 0]])

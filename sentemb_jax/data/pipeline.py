@@ -21,16 +21,21 @@ from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 
 
 def to_model_batch(batch: Mapping[str, np.ndarray], text_features: Sequence[str], pad_id: int,
-                   buckets: Sequence[int] = DEFAULT_BUCKETS) -> dict[str, np.ndarray]:
-    """Padded id matrices -> `<f>_input_ids` / `<f>_attention_mask` at a bucket length; rest passed on."""
+                   buckets: Sequence[int] = DEFAULT_BUCKETS, same_length: bool = False) -> dict[str, np.ndarray]:
+    """Padded id matrices -> `<f>_input_ids` / `<f>_attention_mask` at a bucket length; rest passed on.
+
+    same_length: one bucket length for every text feature of the batch (a train step then
+    compiles once per bucket, not once per combination of buckets).
+    """
     out = {}
     for name, value in batch.items():
         if name in text_features or name.endswith("_length") or value.dtype.kind in "OSU":
             continue  # raw strings stay on the host side
         out[name] = value
+    common = max(int(batch[f"{name}_length"].max(initial=1)) for name in text_features)
     for name in text_features:
         lengths = batch[f"{name}_length"]
-        width = bucket_length(int(max(lengths.max(initial=1), 1)), buckets)
+        width = bucket_length(max(common if same_length else int(lengths.max(initial=1)), 1), buckets)
         ids = np.full((len(lengths), width), pad_id, np.int32)
         src = batch[name][:, :width]
         ids[:, : src.shape[1]] = src
@@ -54,6 +59,7 @@ class InputPipeline:
         num_epochs: int | None = None,
         drop_remainder: bool = True,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
+        same_length: bool = False,
     ):
         self.provider = seqio.get_mixture_or_task(task)
         self.text_features = tuple(self.provider.output_features)
@@ -62,7 +68,7 @@ class InputPipeline:
         self.sequence_length = dict(sequence_length)
         self.task, self.batch_size, self.seed, self.split = task, batch_size, seed, split
         self.shuffle, self.shard_info, self.num_epochs = shuffle, shard_info, num_epochs
-        self.drop_remainder, self.buckets = drop_remainder, tuple(buckets)
+        self.drop_remainder, self.buckets, self.same_length = drop_remainder, tuple(buckets), same_length
         self.pad_id = int(next(iter(self.provider.output_features.values())).vocabulary.pad_id)
         self.epoch = 0
         self.step_in_epoch = 0
@@ -105,7 +111,7 @@ class InputPipeline:
         while self.num_epochs is None or self.epoch < self.num_epochs:
             for batch in self._dataset(self.epoch).as_numpy_iterator():
                 self.step_in_epoch += 1
-                yield to_model_batch(batch, self.text_features, self.pad_id, self.buckets)
+                yield to_model_batch(batch, self.text_features, self.pad_id, self.buckets, self.same_length)
             if self._is_mixture:  # an endless mixed stream has no epochs
                 return
             self.epoch += 1

@@ -115,7 +115,8 @@ def train(
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
     optimizer = make_optimizer()
     mesh = make_mesh()
-    pipeline = InputPipeline(names[task], batch_size=batch_size, sequence_length=sequence_length, seed=seed, buckets=TRAIN_BUCKETS)
+    pipeline = InputPipeline(names[task], batch_size=batch_size, sequence_length=sequence_length, seed=seed,
+                             buckets=TRAIN_BUCKETS, same_length=True)
     batches = iter(pipeline)
     dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
     first = {f"{contrastive.anchor}_input_ids": dummy, f"{contrastive.anchor}_attention_mask": dummy}

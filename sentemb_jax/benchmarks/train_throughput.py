@@ -1,0 +1,128 @@
+"""Training throughput: our MiniLM in-batch softmax step vs sentence-transformers' MNRL, side by side.
+
+    python -m sentemb_jax.benchmarks.train_throughput [--rounds 3] [--steps 8] [--batch_size 64]
+
+Both train all-MiniLM-L6-v2 on the same NLI entailment pairs (the first steps x batch_size of
+nli/pairs.tsv), batch 64, max length 64, AdamW lr 2e-5, temperature 0.05 (MNRL's scale 20).
+Each lives in its own worker process (warmed up: every batch shape compiled / allocator warm);
+rounds alternate, one implementation at a time. Prints pairs/s of both, model-FLOPs utilisation
+against a float32 matmul measured in this run, and last `ratio_vs_sentence_transformers=<x.xx>`.
+Model FLOPs: 6 x (non-embedding params) per real token, two sentences per pair (fwd + bwd).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
+
+
+def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
+    from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
+
+    spec = FileSpec(os.path.join(data_dir or default_data_dir(), "nli", "pairs.tsv"),
+                    {"anchor": "sentence1", "positive": "sentence2"}, keep={"label": ("entailment",)})
+    rows = read_examples(spec)[:n]
+    return [(r["anchor"], r["positive"]) for r in rows]
+
+
+def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, conn) -> None:
+    batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
+    if kind == "sentence_transformers":
+        import torch
+        from sentence_transformers import SentenceTransformer, losses
+
+        torch.set_num_threads(threads)
+        model = SentenceTransformer(model_dir, device="cpu")
+        model.max_seq_length = 64
+        loss_fn = losses.MultipleNegativesRankingLoss(model, scale=20.0)
+        opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
+        model.train()
+
+        def run():
+            for b in batches:
+                feats = [model.tokenize([p[0] for p in b]), model.tokenize([p[1] for p in b])]
+                loss = loss_fn(feats, None)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return float(loss)
+    else:
+        import jax
+        import optax
+
+        from sentemb_jax import SentenceEncoder
+        from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
+        from sentemb_jax.training.trainer import TRAIN_BUCKETS
+
+        enc = SentenceEncoder.from_pretrained(model_dir, max_seq_length=64)
+        enc.tokenizer.buckets = tuple(b for b in TRAIN_BUCKETS if b < 64) + (64,)
+        cfg = ContrastiveConfig(temperature=0.05)
+        optimizer = optax.adamw(2e-5)
+        step = jax.jit(lambda s, b, r: train_step(s, b, r, module=enc.module, optimizer=optimizer, cfg=cfg), donate_argnums=(0,))
+        host = []
+        for b in batches:
+            a, p = enc.tokenizer([x[0] for x in b]), enc.tokenizer([x[1] for x in b])
+            host.append({"anchor_input_ids": a["input_ids"], "anchor_attention_mask": a["attention_mask"],
+                         "positive_input_ids": p["input_ids"], "positive_attention_mask": p["attention_mask"]})
+        params = initial_params(enc.params, cfg)
+        state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.init(params))
+        rng = jax.random.PRNGKey(0)
+
+        def run():
+            nonlocal state
+            for b in host:
+                state, metrics = step(state, b, rng)
+            return float(metrics["loss"])
+    run()  # warm-up
+    conn.send("ready")
+    while conn.recv() == "run":
+        start = time.perf_counter()
+        run()
+        conn.send(time.perf_counter() - start)
+
+
+def _matmul_peak_gflops() -> float:
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    a @ a
+    start, n = time.perf_counter(), 10
+    for _ in range(n):
+        a @ a
+    return 2 * 2048**3 * n / (time.perf_counter() - start) / 1e9
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--data_dir", default=None)
+    args = parser.parse_args(argv)
+
+    from sentemb_jax.jobs import packaged_minilm_path
+    from sentemb_jax.tokenization import Tokenizer
+
+    model_dir = packaged_minilm_path()
+    pairs = _pairs(args.data_dir, args.steps * args.batch_size)
+    tok = Tokenizer.from_pretrained(model_dir, max_length=64)
+    real_tokens_per_pair = sum(len(tok.tokenize([a])[0]) + len(tok.tokenize([b])[0]) for a, b in pairs) / len(pairs)
+    non_embedding_params = 22.7e6 - 30522 * 384 - 512 * 384 - 2 * 384  # all-MiniLM-L6-v2
+    flops_per_pair = 6 * non_embedding_params * real_tokens_per_pair
+    threads = os.cpu_count()
+    common = (model_dir, pairs, args.batch_size, args.steps, threads)
+    peak = _matmul_peak_gflops()
+    med = run_side_by_side({"sentemb_jax": (_worker, ("sentemb_jax", *common)),
+                            "sentence_transformers": (_worker, ("sentence_transformers", *common))},
+                           args.rounds, label="pairs/s", count=len(pairs))
+    print(f"batch_size={args.batch_size} steps/round={args.steps} threads={threads} real tokens/pair={real_tokens_per_pair:.1f}")
+    print(f"float32 matmul peak (numpy, 2048^2, this run): {peak:.0f} GFLOP/s")
+    for n, v in med.items():
+        print(f"{n}: {v:.1f} pairs/s (median), MFU {v * flops_per_pair / 1e9 / peak * 100:.1f}%")
+    print(f"ratio_vs_sentence_transformers={med['sentemb_jax'] / med['sentence_transformers']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
