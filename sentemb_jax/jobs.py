@@ -70,3 +70,14 @@ def data_summary(batch_size: int = 64, sequence_length: int = 128, seed: int = 0
         summary[kind] = {"task": name, "rows": rows, "batch": shapes}
         print(f"{name}: {shapes}")
     return summary
+
+
+@gin.configurable(module="sentemb_jax")
+def join_path(parts=gin.REQUIRED) -> str:
+    return os.path.join(*parts)
+
+
+@gin.configurable(module="sentemb_jax")
+def run_stages(stages=gin.REQUIRED) -> list:
+    """Run jobs one after another, e.g. scoped trains: [@stage1/sentemb_jax.train, @stage2/sentemb_jax.train]."""
+    return [stage() for stage in stages]

@@ -151,5 +151,5 @@ def train_step(state: TrainState, batch: dict, rng: Array, *, module: nn.Module,
     loss, grads = loss_and_grads(module, state.params, batch, rng, cfg)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "temperature": temperature_of(state.params, cfg)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "temperature": temperature_of(state.params, cfg)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
