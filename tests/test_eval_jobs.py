@@ -74,6 +74,7 @@ def test_eval_sts_job_needs_model_dir(capsys):
     gin.clear_config()
     assert runner.main(["--gin_file=gin/runs/eval_sts.gin"]) == 2
     assert "MODEL_DIR" in capsys.readouterr().err
+    gin.clear_config()
 
 
 def test_eval_sts_job_rejects_unknown_aggregation(tmp_path, capsys):
@@ -106,3 +107,30 @@ def test_jobs_merge_sections_of_one_model(tmp_path):
         jobs.eval_pairs("other/model", out, str(data), model=EmbeddingCache(HashEncoder()))
     results = json.loads(open(os.path.join(out, "results.json")).read())
     assert "sts" not in results and results["model"] == "other/model"  # another model's results replace
+
+
+@pytest.mark.parametrize("gin_file, section", [("eval_sts.gin", "sts"), ("eval_pairs.gin", "pairs"),
+                                               ("eval_transfer.gin", "transfer"), ("eval_sentglue.gin", "sentglue"),
+                                               ("eval_all.gin", "sentglue"), ("eval_reranking.gin", "reranking")])
+def test_every_eval_gin_file_runs(tmp_path, monkeypatch, gin_file, section):
+    """Each gin file binds its job (fake model, data folder with one MRPC file: other tasks are skipped)."""
+    import gin
+
+    monkeypatch.setattr(jobs, "load_model", lambda path: EmbeddingCache(HashEncoder()))
+    data = tmp_path / "data"
+    write_tsv(data / "mrpc" / "test.tsv", ["sentence1", "sentence2", "label"], [("a b", "a c", 1), ("x", "y z", 0)])
+    queries = tmp_path / "q.jsonl"
+    queries.write_text(json.dumps({"query": "a", "positive": ["a b"], "negative": ["c"]}) + "\n")
+    out = tmp_path / "out"
+    gin.clear_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = runner.main([f"--gin_file=gin/runs/{gin_file}", f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'"]
+                         + ([f"--gin.RERANK_PATH='{queries}'"] if "reranking" in gin_file else []))
+    gin.clear_config()
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert section in results
+    if gin_file in ("eval_pairs.gin", "eval_all.gin"):
+        assert results["pairs"]["MRPC"]["pairs"] == 2
+    assert (out / "results.md").read_text().startswith("# Evaluation of")

@@ -10,19 +10,17 @@ whole of results.json each time.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from typing import Sequence
 
 import gin
 
+from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.evaluation import geometry, pairs, plots, reranking, sentglue, transfer
 from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.report import results_markdown
 from sentemb_jax.evaluation.sts import AGGREGATIONS, STS_TASKS, TASK_LABELS, evaluate_sts_tasks
-
-log = logging.getLogger(__name__)
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -65,11 +63,6 @@ def update_results(model_dir: str, model_path: str, sections: dict) -> dict:
     return results
 
 
-def _timed(seconds: dict, name: str, start: float) -> None:
-    seconds[name] = round(time.time() - start, 2)
-    log.info("%s: %.1f s", name, seconds[name])
-
-
 @gin.configurable(module="sentemb_jax")
 def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
              sickr_test_path: str | None = None, aggregation: str = "all", batch_size: int = 64,
@@ -85,8 +78,6 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
     sections = report.to_json()
     if "STSB" in report.scored:
         stsb = report.scored["STSB"][0]
-        from sentemb_jax.data.files import read_sts_pairs
-
         s1, s2, gold = read_sts_pairs(os.path.join(data_dir, "stsb", "test.tsv"))
         sections["alignment_uniformity"] = geometry.alignment_uniformity(model, s1, s2, gold, batch_size=batch_size)
         os.makedirs(model_dir, exist_ok=True)
@@ -94,7 +85,8 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
                                   f"STS-B test: Spearman {report.spearman['STSB']:.2f}")
     if report.spearman:
         os.makedirs(model_dir, exist_ok=True)
-        bars = {TASK_LABELS.get(t, t): report.spearman[t] for t in (*STS_TASKS, "avg") if t in report.spearman}
+        labels = {**TASK_LABELS, "avg": "Avg"}
+        bars = {labels.get(t, t): report.spearman[t] for t in (*STS_TASKS, "avg") if t in report.spearman}
         plots.plot_task_bars(bars, os.path.join(model_dir, STS_BARS_PNG), f"STS (aggregation {aggregation})")
     sections["sts_seconds"] = round(time.time() - start, 2)
     results = update_results(model_dir, model_path, sections)
