@@ -47,6 +47,9 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
 
 
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
+    # Each invocation is one job: start from an empty, unlocked config so main() can be called
+    # again in the same process (tests, notebooks) without "Attempted to modify locked Gin config".
+    gin.clear_config()
     for path in [os.getcwd(), os.path.dirname(REPO_GIN_DIR), REPO_GIN_DIR, *search_paths]:
         gin.add_config_file_search_path(path)
     for f in files:
