@@ -63,3 +63,14 @@ def test_unwritable_model_dir_fails_before_training(t5_dir, tmp_path, data_dir):
     blocker.write_text("x")
     proc = subprocess.run(_cmd(t5_dir, str(blocker / "sub"), data_dir), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "not writable" in proc.stderr
+
+
+def test_time_budget_stops_with_checkpoint_and_counts_training_time(t5_dir, tmp_path, data_dir):
+    out = str(tmp_path / "budget")
+    # A budget shorter than one step: the run stops after step 1 (not 8), checkpointed.
+    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.train.time_budget_s=0.001"],
+                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    params, data = _final_params(out, step=1)
+    assert data["train_seconds"] > 0.0
+    lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    assert [l["step"] for l in lines] == [1] and lines[0]["train_seconds"] == data["train_seconds"]

@@ -155,12 +155,16 @@ class MultiHeadAttention(nn.Module):
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None) -> Array:
         inner = self.num_heads * self.head_dim
-        dense = lambda features, axes, name: Dense(  # noqa: E731
-            features, axes, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        dense = lambda features, axes, name, init=Dense.kernel_init: Dense(  # noqa: E731
+            features, axes, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, name=name,
+            kernel_init=init,
         )
         batch, q_len = inputs_q.shape[:2]
         k_len = inputs_kv.shape[1]
-        q = dense(inner, ("embed", "joined_kv"), "query")(inputs_q).reshape(batch, q_len, self.num_heads, self.head_dim)
+        # Without logit scaling (T5) the 1/sqrt(head_dim) lives in the query's initialisation, as in
+        # t5x; otherwise random-init logits are sqrt(head_dim) times too large (peaked attention).
+        query_init = Dense.kernel_init if self.scale_logits else _scaled(Dense.kernel_init, self.head_dim ** -0.5)
+        q = dense(inner, ("embed", "joined_kv"), "query", query_init)(inputs_q).reshape(batch, q_len, self.num_heads, self.head_dim)
         k = dense(inner, ("embed", "joined_kv"), "key")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
         v = dense(inner, ("embed", "joined_kv"), "value")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
@@ -175,6 +179,10 @@ class MultiHeadAttention(nn.Module):
         weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic).astype(self.dtype)
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, q_len, inner)
         return dense(self.out_features or inputs_q.shape[-1], ("joined_kv", "embed"), "out")(out)
+
+
+def _scaled(init: Callable, factor: float) -> Callable:
+    return lambda *args, **kwargs: init(*args, **kwargs) * factor
 
 
 def layer_stack(

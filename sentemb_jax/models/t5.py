@@ -104,7 +104,7 @@ class RelativePositionBias(nn.Module):
         )
         table = self.param(
             "rel_embedding",
-            partitioned(nn.initializers.normal(stddev=1.0), ("relpos_buckets", "heads")),
+            partitioned(nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("relpos_buckets", "heads")),  # t5x
             (self.num_buckets, self.num_heads),
             self.param_dtype,
         )

@@ -1,0 +1,1 @@
+"""Experiment scripts: real-data runs whose numbers go into docs/RESULTS.md (not tests)."""
