@@ -50,7 +50,10 @@ def test_run_file_parses_and_builds(path):
         module = tower_module()
         count = _abstract_param_count(module)
         if "tiny_t5_scratch" in path:  # issue 5's CPU learning check: d_model 256, 4+4 layers, 8k vocab
-            assert abs(count - (18.0e6 if "encdec" in path else 9.5e6)) < 0.5e6, count
+            d, vocab, ff, layers, relpos = 256, 8192, 1024, 4, 32 * 4
+            encoder = vocab * d + layers * (4 * d * d + 3 * d * ff + 2 * d) + relpos + d
+            decoder = layers * (8 * d * d + 3 * d * ff + 3 * d) + relpos + d + vocab * d  # own lm_head (v1.1)
+            assert count == encoder + (decoder if "encdec" in path else 0) + d * 256, count  # + projection
         else:
             assert count > 1e8, count
         if "11b" in path:

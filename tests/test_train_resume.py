@@ -74,3 +74,7 @@ def test_time_budget_stops_with_checkpoint_and_counts_training_time(t5_dir, tmp_
     assert data["train_seconds"] > 0.0
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     assert [l["step"] for l in lines] == [1] and lines[0]["train_seconds"] == data["train_seconds"]
+    # Rerunning a run whose budget is spent takes no further step.
+    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.train.time_budget_s=0.001"],
+                   cwd=REPO, check=True, capture_output=True, timeout=600)
+    _final_params(out, step=1)

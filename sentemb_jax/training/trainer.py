@@ -177,7 +177,8 @@ def train(
         writer.write(0, metrics, history_path)
         bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
     with activation_rules(mesh):
-        while int(state.step) < num_steps:
+        # A rerun of a run that already spent its budget stops at once (it does not take a step more).
+        while int(state.step) < num_steps and not (time_budget_s and train_seconds >= time_budget_s):
             started = time.perf_counter()
             try:
                 batch = next(batches)
