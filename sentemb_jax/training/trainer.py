@@ -178,7 +178,7 @@ def train(
         bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
     with activation_rules(mesh):
         # A rerun of a run that already spent its budget stops at once (it does not take a step more).
-        while int(state.step) < num_steps and not (time_budget_s and train_seconds >= time_budget_s):
+        while int(state.step) < num_steps and not _budget_spent(train_seconds, time_budget_s):
             started = time.perf_counter()
             try:
                 batch = next(batches)
@@ -187,7 +187,7 @@ def train(
             state, out = step_fn(state, shard_batch(_model_batch(batch, contrastive), mesh), rng)
             step = int(state.step)  # waits for the step, so the time below is the step's
             train_seconds += time.perf_counter() - started
-            out_of_time = bool(time_budget_s) and train_seconds >= time_budget_s
+            out_of_time = _budget_spent(train_seconds, time_budget_s)
             last = step == num_steps or out_of_time
             if step % log_every == 0 or last:
                 out = {k: float(v) for k, v in jax.device_get(out).items()}
@@ -220,6 +220,10 @@ def train(
     best_manager.wait_until_finished()
     writer.close()
     return {**metrics, "best": best}
+
+
+def _budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:
+    return bool(time_budget_s) and train_seconds >= time_budget_s
 
 
 def encoder_tokenizer_dir(init_from: str) -> str:
