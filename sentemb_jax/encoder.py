@@ -228,10 +228,54 @@ class SentenceEncoder:
             out = np.asarray(l2_normalize(out))
         return out[0] if single else out
 
+    # ------------------------------------------------------------------ saving
+
+    def save_pretrained(self, out_dir: str) -> None:
+        """A sentence-transformers directory (Transformer at the root, Pooling, Dense, Normalize)
+        that `SentenceEncoder.from_pretrained` and sentence-transformers load."""
+        os.makedirs(out_dir, exist_ok=True)
+        params = jax.device_get(self.params)
+        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
+        self.tokenizer.save_pretrained(out_dir)
+        _write_json(os.path.join(out_dir, "sentence_bert_config.json"),
+                    {"max_seq_length": self.max_seq_length, "do_lower_case": self.tokenizer.lowercase})
+        legacy = dict((name, key) for key, name in _ST_LEGACY_POOLING)
+        width = _pooled_width(self.config, self.module.pooling)
+        pooling = {"word_embedding_dimension": self.config.hidden_size}
+        if all(m in legacy for m in self.module.pooling) and len(self.module.pooling) == len(set(self.module.pooling)):
+            pooling.update({key: name in self.module.pooling for key, name in _ST_LEGACY_POOLING})
+        else:
+            pooling["pooling_mode"] = list(self.module.pooling)
+        modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
+        _write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
+        if self.module.projection_dim:
+            dense_dir = os.path.join(out_dir, "2_Dense")
+            act = {v: k for k, v in _ST_ACTIVATIONS.items()}[self.module.projection_activation]
+            _write_json(os.path.join(dense_dir, "config.json"), {
+                "in_features": width, "out_features": self.module.projection_dim,
+                "bias": self.module.projection_bias, "activation_function": act})
+            proj = params["projection"]
+            tensors = {"linear.weight": np.asarray(proj["kernel"], np.float32).T}
+            if self.module.projection_bias:
+                tensors["linear.bias"] = np.asarray(proj["bias"], np.float32)
+            checkpoints._write_safetensors(os.path.join(dense_dir, checkpoints.SAFETENSORS_FILE), tensors)
+            modules.append(("2_Dense", "sentence_transformers.models.Dense"))
+        if self.module.normalize:
+            os.makedirs(os.path.join(out_dir, f"{len(modules)}_Normalize"), exist_ok=True)
+            modules.append((f"{len(modules)}_Normalize", "sentence_transformers.models.Normalize"))
+        _write_json(os.path.join(out_dir, "modules.json"),
+                    [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)])
+
     def __repr__(self) -> str:
         c = self.config
         return (f"SentenceEncoder({type(c).__name__}, pooling={self.module.pooling}, dim={self.get_sentence_embedding_dimension()}, "
                 f"max_seq_length={self.max_seq_length})")
+
+
+def _write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
 
 
 def _pooled_width(cfg: ModelConfig, modes: Sequence[str]) -> int:

@@ -102,6 +102,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(("data", "fsdp")))
 
 
+def batch_shards(mesh: Mesh) -> int:
+    """How many parts the batch dimension is split into (data x fsdp)."""
+    return int(mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1))
+
+
 def shard_batch(batch: dict, mesh: Mesh) -> dict:
     """Place a host batch (numpy) on the mesh, split along the batch dimension."""
     sharding = batch_sharding(mesh)

@@ -74,7 +74,20 @@ class Tokenizer:
             texts = [t.lower() for t in texts]
         return self.hf(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_length)["input_ids"]
 
-    def pad(self, ids: Sequence[Sequence[int]], batch_size: int | None = None) -> dict[str, np.ndarray]:
+    def tokenize_pairs(self, first: Sequence[str], second: Sequence[str]) -> tuple[list[list[int]], list[list[int]]]:
+        """Ids and token type ids of each pair encoded jointly by the tokenizer's pair template
+        ("[CLS] a [SEP] b [SEP]" for BERT), truncated longest-first to max_length."""
+        first, second = check_texts(first, "tokenize_pairs"), check_texts(second, "tokenize_pairs")
+        if len(first) != len(second):
+            raise ValueError(f"tokenize_pairs: {len(first)} first texts but {len(second)} second texts")
+        if self.lowercase:
+            first, second = [t.lower() for t in first], [t.lower() for t in second]
+        enc = self.hf(first, second, add_special_tokens=True, truncation=True, max_length=self.max_length,
+                      return_token_type_ids=True)
+        return enc["input_ids"], enc["token_type_ids"]
+
+    def pad(self, ids: Sequence[Sequence[int]], batch_size: int | None = None,
+            token_type_ids: Sequence[Sequence[int]] | None = None) -> dict[str, np.ndarray]:
         """Right-pad to a bucket length (and, when batch_size is given, add empty rows up to it)."""
         longest = max((len(x) for x in ids), default=1)
         length = bucket_length(max(longest, 1), self.buckets)
@@ -84,7 +97,13 @@ class Tokenizer:
         for i, x in enumerate(ids):
             input_ids[i, : len(x)] = x
             mask[i, : len(x)] = 1
-        return {"input_ids": input_ids, "attention_mask": mask}
+        out = {"input_ids": input_ids, "attention_mask": mask}
+        if token_type_ids is not None:
+            types = np.zeros((rows, length), dtype=np.int32)
+            for i, x in enumerate(token_type_ids):
+                types[i, : len(x)] = x
+            out["token_type_ids"] = types
+        return out
 
     def __call__(self, texts: Sequence[str], batch_size: int | None = None) -> dict[str, np.ndarray]:
         return self.pad(self.tokenize(check_texts(texts, "tokenize")), batch_size)

@@ -35,11 +35,13 @@ def t5_dir(tmp_path_factory):
     return path
 
 
-def test_sigkill_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
+@pytest.mark.parametrize("pack", [False, True])
+def test_sigkill_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir, pack):
+    cmd = lambda d: _cmd(t5_dir, d, data_dir) + [f"--gin.sentemb_jax.train.pack={pack}"]  # noqa: E731
     full = str(tmp_path / "full")
-    subprocess.run(_cmd(t5_dir, full, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd(full), cwd=REPO, check=True, capture_output=True, timeout=600)
     killed = str(tmp_path / "killed")
-    proc = subprocess.Popen(_cmd(t5_dir, killed, data_dir), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd(killed), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not os.path.isdir(os.path.join(killed, "checkpoints", "4")) and time.time() < deadline:
         time.sleep(0.05)
@@ -47,7 +49,7 @@ def test_sigkill_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
     proc.wait()
     manager = ocp.CheckpointManager(os.path.join(killed, "checkpoints"))
     assert manager.latest_step() is not None and manager.latest_step() < 8  # it really died mid-run
-    subprocess.run(_cmd(t5_dir, killed, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    subprocess.run(cmd(killed), cwd=REPO, check=True, capture_output=True, timeout=600)
     a, data_a = _final_params(full)
     b, data_b = _final_params(killed)
     diffs = [float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]

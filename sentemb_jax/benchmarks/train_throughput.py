@@ -27,7 +27,7 @@ def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
     return [(r["anchor"], r["positive"]) for r in rows]
 
 
-def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, conn) -> None:
+def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, pack: bool, conn) -> None:
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
         import torch
@@ -53,6 +53,7 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
         import optax
 
         from sentemb_jax import SentenceEncoder
+        from sentemb_jax.data.packing import pack_batch
         from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
         from sentemb_jax.training.trainer import TRAIN_BUCKETS
 
@@ -61,19 +62,21 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
         cfg = ContrastiveConfig(temperature=0.05)
         optimizer = optax.adamw(2e-5)
         step = jax.jit(lambda s, b, r: train_step(s, b, r, module=enc.module, optimizer=optimizer, cfg=cfg), donate_argnums=(0,))
-        host = []
-        for b in batches:
+
+        def features(b):  # host work of every step, timed like sentence-transformers' tokenize
             a, p = enc.tokenizer([x[0] for x in b]), enc.tokenizer([x[1] for x in b])
-            host.append({"anchor_input_ids": a["input_ids"], "anchor_attention_mask": a["attention_mask"],
-                         "positive_input_ids": p["input_ids"], "positive_attention_mask": p["attention_mask"]})
+            batch = {"anchor_input_ids": a["input_ids"], "anchor_attention_mask": a["attention_mask"],
+                     "positive_input_ids": p["input_ids"], "positive_attention_mask": p["attention_mask"]}
+            return pack_batch(batch, ("anchor", "positive"), 64, enc.tokenizer.pad_id) if pack else batch
+
         params = initial_params(enc.params, cfg)
         state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.init(params))
         rng = jax.random.PRNGKey(0)
 
         def run():
             nonlocal state
-            for b in host:
-                state, metrics = step(state, b, rng)
+            for b in batches:
+                state, metrics = step(state, features(b), rng)
             return float(metrics["loss"])
     run()  # warm-up
     conn.send("ready")
@@ -100,6 +103,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
     args = parser.parse_args(argv)
 
     from sentemb_jax.jobs import packaged_minilm_path
@@ -114,8 +118,11 @@ def main(argv=None):
     threads = os.cpu_count()
     common = (model_dir, pairs, args.batch_size, args.steps, threads)
     peak = _matmul_peak_gflops()
-    med = run_side_by_side({"sentemb_jax": (_worker, ("sentemb_jax", *common)),
-                            "sentence_transformers": (_worker, ("sentence_transformers", *common))},
+    workers = {"sentemb_jax": (_worker, ("sentemb_jax", *common, True)),
+               "sentence_transformers": (_worker, ("sentence_transformers", *common, False))}
+    if args.with_unpacked:
+        workers["sentemb_jax_unpacked"] = (_worker, ("sentemb_jax", *common, False))
+    med = run_side_by_side(workers,
                            args.rounds, label="pairs/s", count=len(pairs))
     print(f"batch_size={args.batch_size} steps/round={args.steps} threads={threads} real tokens/pair={real_tokens_per_pair:.1f}")
     print(f"float32 matmul peak (numpy, 2048^2, this run): {peak:.0f} GFLOP/s")

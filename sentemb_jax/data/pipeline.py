@@ -7,7 +7,8 @@
 
 Epoch e of a task is the task's rows permuted with seed `seed + e`; each host reads its own
 `seqio.ShardInfo` part of that order. Text features are padded to the longest sequence in the
-batch rounded up to a bucket length (few compiled shapes); no packing, one text per row.
+batch rounded up to a bucket length (few compiled shapes), one text per row; the trainer can
+pack them afterwards (`train.pack`, sentemb_jax.data.packing).
 """
 from __future__ import annotations
 

@@ -116,18 +116,18 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/tiny_t5_scratch")
     parser.add_argument("--minutes", type=float, default=30.0, help="training-time budget per run")
-    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS), help="none: table and plot only")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
     data_dir = args.data_dir or default_data_dir()
     tokenizer_dir = train_tokenizer(os.path.join(args.out, "tokenizer"), data_dir)
     triples = os.path.abspath(os.path.join(args.out, "nli_triples_plus_pairs.tsv"))
     build_nli_triples(data_dir, triples)
-    curves = {}
     for name in args.runs:
-        model_dir = os.path.join(args.out, name)
-        run_job(RUNS[name], model_dir, tokenizer_dir, args.minutes, data_dir, triples)
-        curves[name] = read_curve(model_dir)
+        run_job(RUNS[name], os.path.join(args.out, name), tokenizer_dir, args.minutes, data_dir, triples)
+    # Table and plot: every run of this output directory (also those of an earlier invocation).
+    curves = {name: read_curve(os.path.join(args.out, name)) for name in RUNS
+              if os.path.isfile(os.path.join(args.out, name, "metrics.jsonl"))}
     for name, curve in curves.items():
         print(f"\n{name}: step  train_min  stsb_dev")
         for point in curve:

@@ -17,6 +17,7 @@ from sentemb_jax.models.common import (
     constrain_activations,
     layer_stack,
     padding_bias,
+    segment_bias,
 )
 
 Array = jax.Array
@@ -48,7 +49,10 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
 
-def position_ids_for(cfg: BertConfig, input_ids: Array) -> Array:
+def position_ids_for(cfg: BertConfig, input_ids: Array, positions: Array | None = None) -> Array:
+    """Absolute position ids; `positions` (packed rows: 0 at each text's start) override the default."""
+    if positions is not None:
+        return positions + (cfg.pad_token_id + 1 if cfg.model_type == "roberta" else 0)
     if cfg.model_type == "roberta":
         # RoBERTa: positions count non-padding tokens and start at padding_idx + 1.
         mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
@@ -60,14 +64,14 @@ class BertEmbeddings(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, positions=None):
         cfg = self.config
         embed = lambda n, axes, name: Embed(  # noqa: E731
             n, cfg.hidden_size, axes, cfg.dtype, cfg.param_dtype, nn.initializers.normal(0.02), name=name
         )
         x = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")(input_ids)
         x = x + embed(cfg.max_position_embeddings, ("abspos_buckets", "embed"), "position_embeddings")(
-            position_ids_for(cfg, input_ids)
+            position_ids_for(cfg, input_ids, positions)
         )
         x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
         x = LayerNorm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name="layer_norm")(x)
@@ -128,11 +132,14 @@ class Bert(nn.Module):
         if cfg.add_pooling_layer:
             self.pooler = Dense(cfg.hidden_size, (None, "embed"), True, cfg.dtype, cfg.param_dtype)
 
-    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False, token_type_ids=None):
+    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False, token_type_ids=None,
+               segment_ids=None, positions=None):
+        """segment_ids / positions: packed rows (sentemb_jax.data.packing); attention stays within a text."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        x = constrain_activations(self.embeddings(input_ids, token_type_ids, deterministic))
-        x_last, hidden = self.encoder(x, padding_bias(attention_mask), deterministic, output_hidden_states)
+        x = constrain_activations(self.embeddings(input_ids, token_type_ids, deterministic, positions))
+        bias = padding_bias(attention_mask) if segment_ids is None else segment_bias(segment_ids)
+        x_last, hidden = self.encoder(x, bias, deterministic, output_hidden_states)
         if output_hidden_states:
             hidden = (x,) + hidden
         return x_last, hidden

@@ -129,6 +129,17 @@ def padding_bias(key_mask: Array) -> Array:
     return jnp.where(key_mask[:, None, None, :].astype(bool), 0.0, MASK_LOGIT).astype(jnp.float32)
 
 
+def segment_bias(segment_ids: Array) -> Array:
+    """[rows, L] packed segment ids (0 = padding) -> [rows, 1, L, L]: a token sees its own text only."""
+    same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)
+    return jnp.where(same, 0.0, MASK_LOGIT).astype(jnp.float32)[:, None]
+
+
+def gather_tokens(x: Array, token_index: Array) -> Array:
+    """Packed [rows, L, ...] -> [texts, width, ...]: row-major flat token indices (see data.packing)."""
+    return jnp.take(x.reshape((-1,) + x.shape[2:]), token_index, axis=0)
+
+
 def causal_bias(length: int) -> Array:
     """[1, 1, length, length] additive bias forbidding attention to later positions."""
     allowed = jnp.tril(jnp.ones((length, length), dtype=bool))
@@ -153,20 +164,24 @@ class MultiHeadAttention(nn.Module):
     out_features: int | None = None
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None) -> Array:
+    def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None, kv_index: Array | None = None) -> Array:
+        """kv_index: keys/values come from packed rows `inputs_kv`, gathered per query row (after
+        the projections, so they run over the packed tokens only)."""
         inner = self.num_heads * self.head_dim
         dense = lambda features, axes, name, init=Dense.kernel_init: Dense(  # noqa: E731
             features, axes, use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype, name=name,
             kernel_init=init,
         )
         batch, q_len = inputs_q.shape[:2]
-        k_len = inputs_kv.shape[1]
         # Without logit scaling (T5) the 1/sqrt(head_dim) lives in the query's initialisation, as in
         # t5x; otherwise random-init logits are sqrt(head_dim) times too large (peaked attention).
         query_init = Dense.kernel_init if self.scale_logits else _scaled(Dense.kernel_init, self.head_dim ** -0.5)
         q = dense(inner, ("embed", "joined_kv"), "query", query_init)(inputs_q).reshape(batch, q_len, self.num_heads, self.head_dim)
-        k = dense(inner, ("embed", "joined_kv"), "key")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
-        v = dense(inner, ("embed", "joined_kv"), "value")(inputs_kv).reshape(batch, k_len, self.num_heads, self.head_dim)
+        kv_shape = inputs_kv.shape[:2] + (self.num_heads, self.head_dim)
+        k = dense(inner, ("embed", "joined_kv"), "key")(inputs_kv).reshape(kv_shape)
+        v = dense(inner, ("embed", "joined_kv"), "value")(inputs_kv).reshape(kv_shape)
+        if kv_index is not None:
+            k, v = gather_tokens(k, kv_index), gather_tokens(v, kv_index)
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))

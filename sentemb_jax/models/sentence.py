@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from sentemb_jax import pooling as P
 from sentemb_jax.models import ModelConfig, build_model
-from sentemb_jax.models.common import Dense, activation
+from sentemb_jax.models.common import Dense, activation, gather_tokens
 
 Array = jax.Array
 
@@ -37,14 +37,28 @@ class SentenceEmbedder(nn.Module):
                 dtype=jnp.float32, param_dtype=jnp.float32,
             )
 
-    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True) -> Array:
+    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True,
+                 packing: dict | None = None) -> Array:
+        """packing: `input_ids` are packed rows and this dict holds `segment_ids`, `positions`
+        ([rows, L]), `token_index`, `token_mask` ([texts, width]) - see sentemb_jax.data.packing.
+        The result is one embedding per text, equal (eval mode) to the unpacked call."""
         modes = P.check_pooling_modes(self.pooling)
         if self.is_initializing():
             # Create every backbone parameter (decoder, LM head) even if this pooling skips them,
             # so the tree matches the checkpoint it came from and exports back to it.
             self.backbone(input_ids, attention_mask)
         need_layers = any(m in P.LAYER_POOLERS for m in modes)
-        last, hidden = self.backbone.encode(input_ids, attention_mask, deterministic, need_layers)
+        if packing is None:
+            last, hidden = self.backbone.encode(input_ids, attention_mask, deterministic, need_layers)
+            packed_last, token_index = last, None
+        else:
+            packed_last, hidden = self.backbone.encode(
+                input_ids, packing["segment_ids"] > 0, deterministic, need_layers,
+                segment_ids=packing["segment_ids"], positions=packing["positions"])
+            token_index, attention_mask = packing["token_index"], packing["token_mask"]
+            # Back to [texts, width, dim]: the poolers below are those of the unpacked batch.
+            last = gather_tokens(packed_last, token_index)
+            hidden = None if hidden is None else tuple(gather_tokens(h, token_index) for h in hidden)
         vectors = []
         for mode in modes:
             if mode in P.TOKEN_POOLERS:
@@ -52,7 +66,9 @@ class SentenceEmbedder(nn.Module):
             elif mode in P.LAYER_POOLERS:
                 vectors.append(P.LAYER_POOLERS[mode](hidden, attention_mask))
             else:
-                vectors.append(self.backbone.decode_first_token(last, attention_mask, deterministic).astype(jnp.float32))
+                # Packed: cross-attention keys/values projected on the packed rows, then gathered.
+                vectors.append(self.backbone.decode_first_token(packed_last, attention_mask, deterministic, token_index)
+                               .astype(jnp.float32))
         x = vectors[0] if len(vectors) == 1 else jnp.concatenate(vectors, axis=-1)
         if self.projection_dim:
             x = self.projection(x)

@@ -25,6 +25,7 @@ from sentemb_jax.models.common import (
     layer_stack,
     padding_bias,
     partitioned,
+    segment_bias,
 )
 
 Array = jax.Array
@@ -169,14 +170,14 @@ class T5DecoderLayer(nn.Module):
     collect_hidden: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, self_bias: Array, encoded: Array, cross_bias: Array):
+    def __call__(self, x: Array, self_bias: Array, encoded: Array, cross_bias: Array, kv_index: Array | None = None):
         cfg = self.config
         norm = lambda name: RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
         drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
         h = norm("pre_self_attention_layer_norm")(x)
         x = x + drop(_attention(cfg, self.deterministic, "self_attention")(h, h, self_bias))
         h = norm("pre_cross_attention_layer_norm")(x)
-        x = x + drop(_attention(cfg, self.deterministic, "encoder_decoder_attention")(h, encoded, cross_bias))
+        x = x + drop(_attention(cfg, self.deterministic, "encoder_decoder_attention")(h, encoded, cross_bias, kv_index))
         h = norm("pre_mlp_layer_norm")(x)
         x = constrain_activations(x + drop(T5MLP(cfg, self.deterministic, name="mlp")(h)))
         return x, (x if self.collect_hidden else None)
@@ -187,7 +188,8 @@ class T5Encoder(nn.Module):
     shared: nn.Module
 
     @nn.compact
-    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True, output_hidden_states: bool = False):
+    def __call__(self, input_ids: Array, attention_mask: Array, deterministic: bool = True, output_hidden_states: bool = False,
+                 segment_ids: Array | None = None):
         cfg = self.config
         x = constrain_activations(self.shared(input_ids))
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
@@ -195,7 +197,9 @@ class T5Encoder(nn.Module):
         bias = RelativePositionBias(
             cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads, True,
             cfg.param_dtype, name="relpos_bias",
-        )(length, length) + padding_bias(attention_mask)
+        )(length, length)
+        # Packed rows: texts are contiguous, so arange distances are the in-text distances.
+        bias = bias + (padding_bias(attention_mask) if segment_ids is None else segment_bias(segment_ids))
         run = layer_stack(
             T5EncoderLayer, cfg.num_layers, scan=cfg.scan_layers, remat=cfg.remat, collect_hidden=output_hidden_states,
             layer_kwargs=dict(config=cfg, deterministic=deterministic),
@@ -215,7 +219,9 @@ class T5Decoder(nn.Module):
     shared: nn.Module
 
     @nn.compact
-    def __call__(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True):
+    def __call__(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True,
+                 encoded_index=None):
+        """encoded_index: `encoded` is packed rows; [batch, width] flat indices of each row's tokens."""
         cfg = self.config
         x = constrain_activations(self.shared(decoder_input_ids))
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
@@ -230,7 +236,8 @@ class T5Decoder(nn.Module):
             T5DecoderLayer, cfg.num_decoder_layers, scan=cfg.scan_layers, remat=cfg.remat, collect_hidden=False,
             layer_kwargs=dict(config=cfg, deterministic=deterministic),
         )
-        x, _ = run(x, self_bias, encoded, padding_bias(encoder_mask))
+        cross = (encoded, padding_bias(encoder_mask)) + (() if encoded_index is None else (encoded_index,))
+        x, _ = run(x, self_bias, *cross)
         x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="decoder_norm")(x)
         return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
@@ -249,19 +256,26 @@ class T5(nn.Module):
             if cfg.has_lm_head and not cfg.tie_word_embeddings:
                 self.lm_head = Dense(cfg.vocab_size, ("embed", "vocab"), dtype=jnp.float32, param_dtype=cfg.param_dtype)
 
-    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False):
-        """-> (last_hidden_state [B, L, D], tuple of hidden states or None)."""
-        return self.encoder(input_ids, attention_mask, deterministic, output_hidden_states)
+    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False,
+               segment_ids=None, positions=None):
+        """-> (last_hidden_state [B, L, D], tuple of hidden states or None).
 
-    def decode(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True):
+        segment_ids: packed rows (sentemb_jax.data.packing); positions are implied (relative bias)."""
+        return self.encoder(input_ids, attention_mask, deterministic, output_hidden_states, segment_ids)
+
+    def decode(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True,
+               encoded_index=None):
         if not self.config.has_decoder:
             raise ValueError("this T5 has no decoder (it was loaded from an encoder-only checkpoint)")
-        return self.decoder(decoder_input_ids, encoded, encoder_mask, decoder_mask, deterministic)
+        return self.decoder(decoder_input_ids, encoded, encoder_mask, decoder_mask, deterministic, encoded_index)
 
-    def decode_first_token(self, encoded, encoder_mask, deterministic: bool = True):
-        """Sentence-T5 encoder-decoder pooling: the decoder fed only the start token."""
-        start = jnp.full((encoded.shape[0], 1), self.config.decoder_start_token_id, dtype=jnp.int32)
-        return self.decode(start, encoded, encoder_mask, None, deterministic)[:, 0]
+    def decode_first_token(self, encoded, encoder_mask, deterministic: bool = True, encoded_index=None):
+        """Sentence-T5 encoder-decoder pooling: the decoder fed only the start token.
+
+        With `encoded_index` ([batch, width]), `encoded` holds packed rows and `encoder_mask` is [batch, width]."""
+        batch = encoded.shape[0] if encoded_index is None else encoded_index.shape[0]
+        start = jnp.full((batch, 1), self.config.decoder_start_token_id, dtype=jnp.int32)
+        return self.decode(start, encoded, encoder_mask, None, deterministic, encoded_index)[:, 0]
 
     def logits(self, decoder_hidden):
         cfg = self.config

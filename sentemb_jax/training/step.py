@@ -6,7 +6,8 @@ With `gradcache=True` the step runs GradCache (Gao et al. 2021): embeddings of e
 without gradients, the loss gradient w.r.t. the embeddings, then each chunk re-encoded with the
 same rng and back-propagated with its slice of that gradient - the loss still sees the whole
 (global) batch, while activation memory is bounded by one chunk. Both paths give the same
-gradient.
+gradient. A packed batch (`packed_*` features from sentemb_jax.data.packing) runs every side in
+one encoder call over rows of real tokens - the same loss, 2-3x fewer tokens.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import flax.linen as nn
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from sentemb_jax.losses import in_batch_softmax_loss
@@ -83,7 +85,7 @@ def embed_side(module: nn.Module, tower_params, ids: Array, mask: Array, rng: Ar
     return out[0] if len(out) == 1 else jnp.concatenate(out, axis=0)
 
 
-def _sides(cfg: ContrastiveConfig) -> list[str]:
+def sides_of(cfg: ContrastiveConfig) -> list[str]:
     return [cfg.anchor, cfg.positive] + ([cfg.negative] if cfg.negative else [])
 
 
@@ -98,12 +100,26 @@ def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg:
     )
 
 
+def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str]) -> dict[str, Array]:
+    """Every side's embeddings from one encoder call over the packed rows (sentemb_jax.data.packing)."""
+    packing = {k: batch[f"packed_{k}"] for k in ("segment_ids", "positions", "token_index", "token_mask")}
+    out = module.apply({"params": tower_params}, batch["packed_input_ids"], None, False, packing=packing,
+                       rngs={"dropout": rng})
+    sizes = [batch[f"{s}_input_ids"].shape[0] for s in sides]
+    return dict(zip(sides, jnp.split(out, np.cumsum(sizes)[:-1].tolist(), axis=0)))
+
+
 def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: ContrastiveConfig):
-    side_rngs = {side: jax.random.fold_in(rng, i) for i, side in enumerate(_sides(cfg))}
+    side_rngs = {side: jax.random.fold_in(rng, i) for i, side in enumerate(sides_of(cfg))}
+    if "packed_input_ids" in batch:
+        if cfg.gradcache or cfg.chunk_size:
+            raise ValueError("packed batches run the whole batch in one call: unset chunk_size / gradcache, or packing")
+        return jax.value_and_grad(
+            lambda p: loss_from_embeddings(embed_packed(module, p["tower"], batch, rng, sides_of(cfg)), batch, p, cfg))(params)
 
     def embed_all(tower_params):
         return {s: embed_side(module, tower_params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], side_rngs[s],
-                              cfg.chunk_size) for s in _sides(cfg)}
+                              cfg.chunk_size) for s in sides_of(cfg)}
 
     if not cfg.gradcache:
         def full_loss(p):
@@ -122,7 +138,7 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
         return module.apply({"params": tower_params}, ids, mask, False, rngs=rngs)
 
     embeddings = {}
-    for side in _sides(cfg):
+    for side in sides_of(cfg):
         out = jax.lax.map(lambda x, side=side: encode_chunk(params["tower"], side, *x), chunked(side))
         embeddings[side] = jax.lax.stop_gradient(out.reshape(-1, out.shape[-1]))
     other = {k: v for k, v in params.items() if k != "tower"}
@@ -131,7 +147,7 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
         lambda e, o: loss_from_embeddings(e, batch, {**o, "tower": None}, cfg), argnums=(0, 1))(embeddings, other)
     # Pass 3: re-encode each chunk with the same rng and accumulate its vector-Jacobian product.
     tower_grads = jax.tree_util.tree_map(jnp.zeros_like, params["tower"])
-    for side in _sides(cfg):
+    for side in sides_of(cfg):
         ids, mask, index = chunked(side)
         cotangent = emb_grads[side].reshape(ids.shape[0], ids.shape[1], -1)
 

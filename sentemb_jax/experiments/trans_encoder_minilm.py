@@ -1,0 +1,89 @@
+"""Issue 6's experiment: Trans-Encoder from all-MiniLM-L6-v2 (A) and from its first three layers (B).
+
+    python -m sentemb_jax.experiments.trans_encoder_minilm --out runs/tenc [--runs self_B ...] [--cycles 1]
+
+1. Writes B: A's embeddings and first three Transformer layers (a sentence-transformers directory,
+   mean pooling + normalise, like A).
+2. Runs each named configuration as a job (`python -m sentemb_jax.main --gin_file=gin/runs/
+   trans_encoder_sts_cpu.gin ...`) on the unlabelled STS-B train+dev and SICK-R train+trial pairs;
+   selection on STS-B dev, STS-B test reported after every phase (model_dir/results.json).
+3. Prints one table: start, each cross-encoder and bi-encoder after each cycle, STS-B dev / test.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+GIN = "gin/runs/trans_encoder_sts_cpu.gin"
+# name -> (bi-encoders ("A" / "B"), extra gin bindings)
+RUNS = {
+    "self_A": (["A"], []),
+    "self_B": (["B"], []),
+    "mutual_AB": (["A", "B"], []),
+}
+
+
+def make_truncated(src: str, out: str, layers: int = 3) -> str:
+    """A sentence-transformers directory holding the first `layers` layers of the BERT-family model `src`."""
+    from sentemb_jax.encoder import SentenceEncoder
+
+    if os.path.isfile(os.path.join(out, "modules.json")):
+        return out
+    enc = SentenceEncoder.from_pretrained(src)
+    cfg = dataclasses.replace(enc.config, num_hidden_layers=layers)
+    backbone = dict(enc.params["backbone"])
+    stack = dict(backbone["encoder"])
+    for name in [k for k in stack if k.startswith("layers_") and int(k.split("_")[1]) >= layers]:
+        del stack[name]
+    backbone["encoder"] = stack
+    small = SentenceEncoder(enc.module.clone(backbone_config=cfg), {**enc.params, "backbone": backbone}, enc.tokenizer,
+                            {**enc.hf_config, "num_hidden_layers": layers})
+    small.save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/tenc")
+    parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--cycles", type=int, default=None, help="override the gin file's cycle count")
+    args = parser.parse_args(argv)
+    from sentemb_jax.jobs import packaged_minilm_path
+
+    models = {"A": packaged_minilm_path(), "B": make_truncated(packaged_minilm_path(), os.path.join(args.out, "B_minilm_l3"))}
+    for name in args.runs:
+        bis, extra = RUNS[name]
+        cmd = [sys.executable, "-m", "sentemb_jax.main", f"--gin_file={GIN}", f"--gin.MODEL_DIR='{os.path.join(args.out, name)}'",
+               f"--gin.BI_ENCODERS={[models[m] for m in bis]!r}", *extra]
+        if args.cycles:
+            cmd.append(f"--gin.sentemb_jax.trans_encoder.cycles={args.cycles}")
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+    for name in args.runs:
+        print_table(name, os.path.join(args.out, name, "results.json"))
+
+
+def print_table(name: str, path: str) -> None:
+    with open(path) as f:
+        res = json.load(f)
+    print(f"\n{name}: STS-B dev / test Spearman x 100 ({res['pairs']} unlabelled pairs, schedule {res['schedule']})")
+    for i, m in enumerate(res["models"]):
+        print(f"  model {i} start        {m['start']['dev']:6.2f} / {m['start'].get('stsb_test', float('nan')):6.2f}")
+        for c in res["cycles"]:
+            for kind in ("cross", "bi"):
+                s = c["models"][i][kind]
+                print(f"  model {i} cycle {c['cycle']} {kind:5s} {s['dev']:6.2f} / {s.get('stsb_test', float('nan')):6.2f}")
+    for c in res["cycles"]:
+        if "ensemble" in c:
+            for kind in ("cross", "bi"):
+                s = c["ensemble"][kind]
+                print(f"  ensemble cycle {c['cycle']} {kind:5s} {s['dev']:6.2f} / {s.get('stsb_test', float('nan')):6.2f}")
+        print(f"  cycle {c['cycle']}: {c['seconds'] / 60:.1f} min; bi labels {c['bi_labels'][0]}")
+
+
+if __name__ == "__main__":
+    main()

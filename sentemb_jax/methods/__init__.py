@@ -1,0 +1,1 @@
+"""Training methods beyond the contrastive dual encoder: one module per method."""

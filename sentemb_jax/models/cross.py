@@ -1,0 +1,46 @@
+"""A cross-encoder: both sentences of a pair encoded jointly, one relevance logit from a linear head.
+
+BERT-family input is "[CLS] s1 [SEP] s2 [SEP]" with token types 0 / 1 (the tokenizer's pair
+template). T5 has no pair template: the pair is one text, `T5_PAIR_FORMAT` (T5's GLUE style), and
+the encoder states feed the head. The head (dropout, then Dense to one logit, as Hugging Face's
+sequence classifiers) reads the first token (`first`, BERT's [CLS]) or the mean over tokens.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sentemb_jax import pooling as P
+from sentemb_jax.models import ModelConfig, build_model
+from sentemb_jax.models.common import Dense
+
+Array = jax.Array
+
+T5_PAIR_FORMAT = "sentence1: {} sentence2: {}"
+CROSS_POOLING = ("first", "mean")
+
+
+class CrossEncoderModule(nn.Module):
+    """Logits [batch] (float32) for jointly encoded pairs."""
+
+    backbone_config: ModelConfig
+    pooling: str = "first"
+    head_dropout: float = 0.1
+
+    def setup(self):
+        if self.pooling not in CROSS_POOLING:
+            raise ValueError(f"cross-encoder pooling {self.pooling!r}: choose from {CROSS_POOLING}")
+        self.backbone = build_model(self.backbone_config)
+        self.head = Dense(1, ("embed", None), use_bias=True, dtype=jnp.float32, param_dtype=jnp.float32,
+                          kernel_init=nn.initializers.normal(0.02))  # Hugging Face classifier init
+        self.dropout = nn.Dropout(self.head_dropout)
+
+    def __call__(self, input_ids: Array, attention_mask: Array, token_type_ids: Array | None = None,
+                 deterministic: bool = True) -> Array:
+        if self.is_initializing():
+            self.backbone(input_ids, attention_mask)  # every backbone param, as the checkpoint has them
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        last, _ = self.backbone.encode(input_ids, attention_mask, deterministic, False, **types)
+        pooled = P.first_token_pooling(last) if self.pooling == "first" else P.mean_pooling(last, attention_mask)
+        return self.head(self.dropout(pooled, deterministic=deterministic))[:, 0]

@@ -1,0 +1,138 @@
+"""Trans-Encoder: pseudo-labels and losses against hand-computed values; a tiny end-to-end cycle."""
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from scipy import stats
+
+from sentemb_jax.data.files import DataError
+from sentemb_jax.methods import trans_encoder as te
+
+
+def test_bi_encoder_scores_are_cosines():
+    a = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], np.float32)
+    b = np.array([[3.0, 4.0], [0.0, 1.0], [0.0, -5.0]], np.float32)
+    np.testing.assert_allclose(np.asarray(te.bi_encoder_scores(a, b)), [1.0, 0.0, -1.0], atol=1e-7)
+    a2 = np.array([[1.0, 2.0, 2.0]], np.float32)
+    b2 = np.array([[2.0, 1.0, 2.0]], np.float32)
+    np.testing.assert_allclose(np.asarray(te.bi_encoder_scores(a2, b2)), [8.0 / 9.0], rtol=1e-6)
+
+
+def test_cross_encoder_scores_average_both_orders():
+    l12, l21 = np.array([0.0, 2.0, -1.0], np.float32), np.array([0.0, -2.0, 3.0], np.float32)
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    want = (sig(l12) + sig(l21)) / 2
+    np.testing.assert_allclose(np.asarray(te.cross_encoder_scores(l12, l21)), want, rtol=1e-6)
+    assert float(te.cross_encoder_scores(np.array([2.0]), np.array([-2.0]))[0]) == pytest.approx(0.5, abs=1e-7)
+
+
+def test_mutual_labels_and_relabel():
+    np.testing.assert_allclose(te.mutual_labels([np.array([0.2, 0.8]), np.array([0.4, 0.4])]), [0.3, 0.6], rtol=1e-6)
+    with pytest.raises(ValueError, match="different shapes"):
+        te.mutual_labels([np.zeros(2), np.zeros(3)])
+    x = np.array([0.8, 0.9, 1.0], np.float32)
+    np.testing.assert_allclose(te.relabel(x, "minmax"), [0.0, 0.5, 1.0], atol=1e-6)
+    z = te.relabel(x, "standardize", target_mean=0.5, target_std=0.2)
+    np.testing.assert_allclose(z, 0.5 + 0.2 * (x - x.mean()) / x.std(), atol=1e-6)
+    assert te.relabel(x, "none") is not x and np.array_equal(te.relabel(x, "none"), x)
+    with pytest.raises(ValueError, match="relabel mode 'zscore'"):
+        te.relabel(x, "zscore")
+
+
+def test_losses_equal_hand_computed():
+    logits, t = np.array([0.0, 2.0, -1.0], np.float32), np.array([0.5, 0.9, 0.2], np.float32)
+    p = 1 / (1 + np.exp(-logits))
+    bce = -np.mean(t * np.log(p) + (1 - t) * np.log(1 - p))
+    assert float(te.soft_bce_loss(logits, t)) == pytest.approx(bce, rel=1e-6)
+    assert float(te.sigmoid_mse_loss(logits, t)) == pytest.approx(np.mean((p - t) ** 2), rel=1e-6)
+    e1 = np.array([[2.0, 1.0], [1.0, 1.0]], np.float32)
+    e2 = np.array([[1.0, 0.0], [1.0, 0.0]], np.float32)
+    cos = np.array([2 / np.sqrt(5), 1 / np.sqrt(2)])
+    t2 = np.array([0.5, 0.5], np.float32)
+    assert float(te.cosine_mse_loss(e1, e2, t2)) == pytest.approx(np.mean((cos - t2) ** 2), rel=1e-6)
+    pc = np.clip(cos, 1e-6, 1 - 1e-6)
+    want = -np.mean(t2 * np.log(pc) + (1 - t2) * np.log(1 - pc))
+    assert float(te.cosine_bce_loss(e1, e2, t2)) == pytest.approx(want, rel=1e-5)
+    # Soft BCE is minimal (gradient zero) where sigmoid(logit) equals the target.
+    import jax
+
+    g = jax.grad(lambda z: te.soft_bce_loss(z, jnp.asarray(t)))(jnp.log(t / (1 - t)))
+    assert float(jnp.abs(g).max()) < 1e-6
+
+
+def test_read_unlabelled_pairs_drops_labels_and_duplicates(tmp_path):
+    f = tmp_path / "p.tsv"
+    f.write_text("sentence1\tsentence2\tscore\na\tb\t1.0\nc\td\t2.0\na\tb\t3.0\n")
+    assert te.read_unlabelled_pairs([str(f)]) == [("a", "b"), ("c", "d")]
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("sentence1\tsentence2\tlabel\na\t \t1\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: empty sentence2"):
+        te.read_unlabelled_pairs([str(bad)])
+    with pytest.raises(DataError, match="not found"):
+        te.read_unlabelled_pairs([str(tmp_path / "missing.tsv")])
+
+
+def _tiny_bert(path, minilm_dir, seed):
+    """A 2-layer random BERT with all-MiniLM-L6-v2's WordPiece tokenizer."""
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=128)
+    transformers.BertModel(cfg, add_pooling_layer=False).eval().save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(minilm_dir, name)):
+            shutil.copy(os.path.join(minilm_dir, name), path)
+    return str(path)
+
+
+def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, minilm_dir):
+    rows = open(os.path.join(data_dir, "stsb", "train.tsv"), encoding="utf-8").read().splitlines()[:201]
+    pairs_file = tmp_path / "pairs.tsv"
+    pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    models = [_tiny_bert(tmp_path / f"m{i}", minilm_dir, seed=i) for i in range(2)]
+    dev = te.EvalSet("stsb_dev_head", os.path.join(data_dir, "stsb", "dev.tsv"), "sts", (0, 200))
+    kw = dict(model_dir=str(tmp_path / "run"), bi_encoders=models, pair_files=[str(pairs_file)], dev=dev, cycles=1,
+              # A random model's cosines bunch together: spread them onto [0, 1] so there is a ranking to learn.
+              bi_to_cross=te.DistillPhase(learning_rate=1e-3, batch_size=32, epochs=3, max_length=48, relabel="minmax"),
+              cross_to_bi=te.DistillPhase(learning_rate=1e-3, batch_size=64, epochs=2, max_length=32, loss="mse"),
+              checkpoint_every=5)
+    results = te.trans_encoder(**kw)
+    assert results["pairs"] == 199 and results["mutual"] is True  # rows 1-200 of STS-B train hold one duplicate pair
+    cycle = results["cycles"][0]
+    # Mutual: both models learnt the same labels, with the spread of real cosines.
+    assert cycle["bi_labels"][0] == cycle["bi_labels"][1] and cycle["bi_labels"][0]["std"] > 0.0
+    for m in cycle["models"]:
+        assert [e["epoch"] for e in m["cross"]["epochs"]] == [1, 2, 3]
+        assert [e["epoch"] for e in m["bi"]["epochs"]] == [1, 2]
+        assert np.isfinite(m["bi"]["dev"]) and np.isfinite(m["cross"]["dev"])
+    assert set(cycle["ensemble"]) == {"bi", "cross"}
+    # The cross-encoders learnt their pseudo-labels: their scores on the training pairs rank like them.
+    from sentemb_jax.cross_encoder import CrossEncoder
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.evaluation.sts import cosine_scores
+
+    pairs = te.read_unlabelled_pairs([str(pairs_file)])
+    labels = te.mutual_labels([cosine_scores(SentenceEncoder.from_pretrained(m), [a for a, _ in pairs], [b for _, b in pairs])
+                               for m in models])
+    last = CrossEncoder.from_pretrained(str(tmp_path / "run" / "model_0" / "cross_last"))
+    rho = stats.spearmanr(last.predict(pairs), labels).statistic
+    start = stats.spearmanr(CrossEncoder.from_pretrained(models[0]).predict(pairs), labels).statistic
+    assert rho > 0.5 and rho > start + 0.3, (rho, start)
+    assert CrossEncoder.from_pretrained(str(tmp_path / "run" / "model_0" / "cross_best")).predict(pairs[:2]).shape == (2,)
+    assert SentenceEncoder.from_pretrained(str(tmp_path / "run" / "model_1" / "bi_best")).encode(["a"]).shape == (1, 32)
+    # A rerun finds every phase finished in its checkpoints: same numbers, no training.
+    again = te.trans_encoder(**kw)
+    assert json.dumps(again["cycles"][0]["models"], sort_keys=True) == json.dumps(cycle["models"], sort_keys=True)
+
+
+def test_bad_settings_fail_before_training(tmp_path, minilm_dir):
+    dev = te.EvalSet("d", "x.tsv")
+    with pytest.raises(ValueError, match="schedule 'cyclic'"):
+        te.trans_encoder(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev, schedule="cyclic")
+    with pytest.raises(ValueError, match="relabel mode 'zscore'"):
+        te.trans_encoder(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev,
+                         bi_to_cross=te.DistillPhase(relabel="zscore"))
