@@ -103,3 +103,18 @@ def test_unsupported_st_module(tmp_path):
     (tmp_path / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": "my.CustomModule"}]))
     with pytest.raises(CheckpointError, match="my.CustomModule"):
         SentenceEncoder.from_pretrained(str(tmp_path))
+
+
+def test_save_pretrained_round_trip_and_sentence_transformers_loads_it(tmp_path):
+    """save_pretrained writes a sentence-transformers directory: we and ST load it and agree."""
+    make_t5(str(tmp_path / "src"), "1.1", encoder_only=True)
+    _, st_dir = _save_st_model(str(tmp_path / "src"), "mean", dense_out=24)
+    ours = SentenceEncoder.from_pretrained(st_dir)
+    ours.save_pretrained(str(tmp_path / "saved"))
+    again = SentenceEncoder.from_pretrained(str(tmp_path / "saved"))
+    assert again.module.pooling == ours.module.pooling and again.module.projection_dim == 24
+    np.testing.assert_array_equal(again.encode(SENTENCES), ours.encode(SENTENCES))
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert np.abs(st.encode(SENTENCES, convert_to_numpy=True) - ours.encode(SENTENCES)).max() <= 1e-5
