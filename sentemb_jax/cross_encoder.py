@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ import numpy as np
 
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
-from sentemb_jax.encoder import _read_layout
+from sentemb_jax.encoder import _read_json, _read_layout
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -45,7 +45,7 @@ class CrossEncoder:
         layout = _read_layout(path)
         cfg, backbone, hf = checkpoints.load_hf_checkpoint(layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides)
         saved = os.path.join(layout.transformer_dir, HEAD_CONFIG)
-        head_cfg = _read_head_config(saved) if os.path.isfile(saved) else {}
+        head_cfg = _read_json(saved) if os.path.isfile(saved) else {}
         module = CrossEncoderModule(cfg, pooling=pooling or head_cfg.get("pooling", "first"))
         head_path = os.path.join(layout.transformer_dir, HEAD_FILE)
         head = _read_head(head_path, cfg.hidden_size) if os.path.isfile(head_path) else new_head(module, seed)
@@ -111,14 +111,6 @@ def _split_pairs(pairs) -> tuple[list[str], list[str]]:
         if not isinstance(p, (tuple, list)) or len(p) != 2:
             raise TypeError(f"CrossEncoder: pair {i} is not a (text, text) pair: {p!r:.80}")
     return check_texts([p[0] for p in pairs], "CrossEncoder"), check_texts([p[1] for p in pairs], "CrossEncoder")
-
-
-def _read_head_config(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: cannot read the cross-encoder head config ({e})") from None
 
 
 def _read_head(path: str, hidden: int) -> dict:

@@ -223,21 +223,26 @@ def read_unlabelled_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+@functools.lru_cache(maxsize=16)
+def _read_eval_set(ev: EvalSet) -> tuple[list[str], list[str], np.ndarray]:
+    """The rows of an eval set, read once per job (it is scored after every epoch and phase)."""
+    from sentemb_jax.data.files import read_sts_pairs
+    from sentemb_jax.evaluation.readers import read_labelled_pairs
+
+    if ev.kind not in ("sts", "pairs"):
+        raise ValueError(f"eval set {ev.name}: kind {ev.kind!r} (choose 'sts' or 'pairs')")
+    s1, s2, gold = read_sts_pairs(ev.path) if ev.kind == "sts" else read_labelled_pairs(ev.path)
+    rows = slice(*ev.rows)
+    return s1[rows], s2[rows], gold[rows]
+
+
 def score_eval_set(model, ev: EvalSet) -> float:
     from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
-    from sentemb_jax.evaluation.readers import read_labelled_pairs
-    from sentemb_jax.data.files import read_sts_pairs
     from sentemb_jax.evaluation.sts import correlations
 
-    rows = slice(*ev.rows)
-    if ev.kind == "sts":
-        s1, s2, gold = read_sts_pairs(ev.path)
-        s1, s2, gold = s1[rows], s2[rows], gold[rows]
-        return correlations(pair_scores(model, s1, s2), gold)["spearman"]
-    if ev.kind == "pairs":
-        s1, s2, labels = read_labelled_pairs(ev.path)
-        return pair_auc(pair_scores(model, s1[rows], s2[rows]), labels[rows])
-    raise ValueError(f"eval set {ev.name}: kind {ev.kind!r} (choose 'sts' or 'pairs')")
+    s1, s2, gold = _read_eval_set(ev)
+    scores = pair_scores(model, s1, s2)
+    return correlations(scores, gold)["spearman"] if ev.kind == "sts" else pair_auc(scores, gold)
 
 
 def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
