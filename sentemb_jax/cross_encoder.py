@@ -20,6 +20,7 @@ import numpy as np
 
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
+from sentemb_jax.data.packing import pack_texts
 from sentemb_jax.encoder import _read_json, _read_layout
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import T5_PAIR_FORMAT, CrossEncoderModule
@@ -61,6 +62,14 @@ class CrossEncoder:
         """Padded model inputs for `pairs` (BERT: pair template + token types; T5: T5_PAIR_FORMAT)."""
         ids, types = self.tokenize(pairs)
         return self.tokenizer.pad(ids, batch_size, types)
+
+    def packed_features(self, pairs: Sequence[tuple[str, str]]) -> dict[str, np.ndarray]:
+        """`features` plus their packed form (whole pairs laid end to end in rows of the max length;
+        sentemb_jax.data.packing): training runs over real tokens only, ~2x fewer than padded."""
+        f = self.features(pairs)
+        extras = {"token_type_ids": [f["token_type_ids"]]} if "token_type_ids" in f else None
+        return {**f, **pack_texts([f["input_ids"]], [f["attention_mask"]], self.tokenizer.max_length,
+                                  self.tokenizer.pad_id, extras=extras)}
 
     def tokenize(self, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]] | None]:
         first, second = _split_pairs(pairs)

@@ -40,14 +40,21 @@ def first_fit_decreasing(lengths: Sequence[int], row_length: int) -> list[list[i
 
 
 def pack_texts(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], row_length: int, pad_id: int,
-               row_multiple: int = 8) -> dict[str, np.ndarray]:
+               row_multiple: int = 8, extras: dict[str, Sequence[np.ndarray]] | None = None) -> dict[str, np.ndarray]:
     """Pack the texts of several [n_i, width_i] id matrices (right-padded, masks 1 for real tokens).
 
     The number of rows is rounded up to `row_multiple` (few compiled shapes; divisible by the
     data-parallel mesh size). Empty texts get one (padding) token so that they keep a slot.
+    extras: other per-token matrices laid out like `ids` (e.g. BERT's token types), packed into
+    `packed_<name>` alongside the ids (0 on padding).
     """
+    extras = extras or {}
     lengths = np.concatenate([np.asarray(m).sum(axis=1) for m in masks]).astype(np.int64)
-    rows_of_texts = [np.asarray(x)[i, : int(np.asarray(m)[i].sum())] for x, m in zip(ids, masks) for i in range(len(x))]
+    def texts_of(mats):
+        return [np.asarray(x)[i, : int(np.asarray(m)[i].sum())] for x, m in zip(mats, masks) for i in range(len(x))]
+
+    rows_of_texts = texts_of(ids)
+    extra_texts = {name: texts_of(mats) for name, mats in extras.items()}
     slot = np.maximum(lengths, 1)
     bins = first_fit_decreasing(slot, row_length)
     n_rows = -(-len(bins) // row_multiple) * row_multiple
@@ -57,11 +64,14 @@ def pack_texts(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], row_lengt
     positions = np.zeros((n_rows, row_length), np.int32)
     token_index = np.zeros((len(lengths), width), np.int32)
     token_mask = np.zeros((len(lengths), width), np.int32)
+    packed_extras = {name: np.zeros((n_rows, row_length), np.int32) for name in extras}
     for r, members in enumerate(bins):
         start = 0
         for s, t in enumerate(members, start=1):
             n = int(lengths[t])
             packed_ids[r, start : start + n] = rows_of_texts[t]
+            for name, texts in extra_texts.items():
+                packed_extras[name][r, start : start + n] = texts[t]
             segments[r, start : start + max(n, 1)] = s
             positions[r, start : start + n] = np.arange(n)
             token_index[t, :n] = r * row_length + start + np.arange(n)
@@ -69,7 +79,8 @@ def pack_texts(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], row_lengt
             token_mask[t, :n] = 1
             start += max(n, 1)
     return {"packed_input_ids": packed_ids, "packed_segment_ids": segments, "packed_positions": positions,
-            "packed_token_index": token_index, "packed_token_mask": token_mask}
+            "packed_token_index": token_index, "packed_token_mask": token_mask,
+            **{f"packed_{name}": x for name, x in packed_extras.items()}}
 
 
 def pack_batch(batch: dict, sides: Sequence[str], row_length: int, pad_id: int, row_multiple: int = 8) -> dict:

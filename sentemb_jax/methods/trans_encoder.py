@@ -30,6 +30,7 @@ import gin
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from tqdm.auto import tqdm
 
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.training.step import embed_packed
@@ -128,11 +129,17 @@ def _apply_grads(state: StepState, loss, grads, optimizer):
 
 
 def cross_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "bce"):
-    """bi -> cross: one step of the cross-encoder on (pair features, `labels`)."""
+    """bi -> cross: one step of the cross-encoder on (pair features, `labels`); `batch` may carry
+    the packed form of the pairs (CrossEncoder.packed_features)."""
     if loss not in BI_TO_CROSS_LOSSES:
         raise ValueError(f"bi->cross loss {loss!r}: choose from {BI_TO_CROSS_LOSSES}")
     rng = jax.random.fold_in(rng, state.step)
-    features = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    if "packed_input_ids" in batch:  # whole pairs packed into rows (CrossEncoder.packed_features)
+        features = {"input_ids": batch["packed_input_ids"], "attention_mask": None,
+                    "token_type_ids": batch.get("packed_token_type_ids"),
+                    "packing": {k: batch[f"packed_{k}"] for k in ("segment_ids", "positions", "token_index", "token_mask")}}
+    else:
+        features = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
     def loss_fn(params):
         logits = module.apply({"params": params}, **features, deterministic=False, rngs={"dropout": rng})
@@ -270,6 +277,7 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
     rng = jax.random.PRNGKey(seed)
     labels = np.asarray(labels, np.float32)
     start = time.perf_counter()
+    bar = tqdm(total=total, initial=int(state.step), desc=name, unit="step", disable=None)
     while int(state.step) < total:
         epoch, offset = divmod(int(state.step), per_epoch)
         order = np.random.default_rng(seed + epoch).permutation(len(examples))
@@ -278,18 +286,22 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
             batch = {**features([examples[i] for i in idx]), "labels": labels[idx]}
             state, metrics = step(state, batch, rng)
             s = int(state.step)
+            bar.update(1)
+            if s % 25 == 0:
+                bar.set_postfix(loss=f"{float(metrics['loss']):.4f}")
             end_of_epoch = b == per_epoch - 1
             if end_of_epoch:
                 score = dev(state.params)
                 info["history"].append({"epoch": epoch + 1, "step": s, "loss": float(metrics["loss"]), "dev": score,
                                         "seconds": time.perf_counter() - start})
-                log.info("%s epoch %d: loss %.4f dev %.2f", name, epoch + 1, float(metrics["loss"]), score)
+                bar.write(f"{name} epoch {epoch + 1}: loss {float(metrics['loss']):.4f} dev {score:.2f}")
                 if info["best"] is None or score > info["best"]:
                     info["best"] = score
                     save_best(state.params, score)
             if s % checkpoint_every == 0 or end_of_epoch:
                 manager.save(s, args=ocp.args.Composite(state=ocp.args.StandardSave(state), info=ocp.args.JsonSave(info)),
                              force=True)
+    bar.close()
     manager.wait_until_finished()
     return jax.device_get(state.params), info
 
@@ -410,7 +422,7 @@ def trans_encoder(
             out = os.path.join(model_dir, f"model_{i}", f"cycle_{cycle}", "bi_to_cross")
             cross.params, info = _fit(
                 f"model {i} cycle {cycle} bi->cross", out, init,
-                functools.partial(cross_step, module=cross.module), cross.features,
+                functools.partial(cross_step, module=cross.module), cross.packed_features,
                 both_orders, np.concatenate([labels[i], labels[i]]), bi_to_cross, seed + 1000 * cycle + i,
                 lambda p, c=cross: _score_with(c, p, dev), checkpoint_every, keeper(cross, i, "cross", cycle))
             note_best(i, "cross", cycle, info)

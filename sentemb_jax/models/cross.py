@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from sentemb_jax import pooling as P
 from sentemb_jax.models import ModelConfig, build_model
-from sentemb_jax.models.common import Dense
+from sentemb_jax.models.common import Dense, gather_tokens
 
 Array = jax.Array
 
@@ -36,11 +36,19 @@ class CrossEncoderModule(nn.Module):
                           kernel_init=nn.initializers.normal(0.02))  # Hugging Face classifier init
         self.dropout = nn.Dropout(self.head_dropout)
 
-    def __call__(self, input_ids: Array, attention_mask: Array, token_type_ids: Array | None = None,
-                 deterministic: bool = True) -> Array:
+    def __call__(self, input_ids: Array, attention_mask: Array | None, token_type_ids: Array | None = None,
+                 deterministic: bool = True, packing: dict | None = None) -> Array:
+        """packing: `input_ids` (and `token_type_ids`) are packed rows of whole pairs and this dict
+        holds `segment_ids`, `positions`, `token_index`, `token_mask` (sentemb_jax.data.packing);
+        the logits equal (eval mode) those of the padded call."""
         if self.is_initializing():
             self.backbone(input_ids, attention_mask)  # every backbone param, as the checkpoint has them
         types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-        last, _ = self.backbone.encode(input_ids, attention_mask, deterministic, False, **types)
+        if packing is None:
+            last, _ = self.backbone.encode(input_ids, attention_mask, deterministic, False, **types)
+        else:
+            packed, _ = self.backbone.encode(input_ids, packing["segment_ids"] > 0, deterministic, False, **types,
+                                             segment_ids=packing["segment_ids"], positions=packing["positions"])
+            last, attention_mask = gather_tokens(packed, packing["token_index"]), packing["token_mask"]
         pooled = P.first_token_pooling(last) if self.pooling == "first" else P.mean_pooling(last, attention_mask)
         return self.head(self.dropout(pooled, deterministic=deterministic))[:, 0]
