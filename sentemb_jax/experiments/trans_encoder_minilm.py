@@ -20,10 +20,12 @@ import sys
 
 STS_GIN = "gin/runs/trans_encoder_sts_cpu.gin"
 PAIRS_GIN = "gin/runs/trans_encoder_pairs_cpu.gin"
+FIXED_GIN = "gin/runs/trans_encoder_sts_cpu_from_bi.gin"  # the study's selection: bi->cross lr 1e-4
+FIXED = ["--gin.bi_to_cross/sentemb_jax.DistillPhase.learning_rate=1e-4"]
 B2C = "--gin.bi_to_cross/sentemb_jax.DistillPhase"
 # name -> (bi-encoders ("A" / "B"), gin file, extra bindings; "@A" / "@B" stand for the model paths).
 # self_* and mutual_AB are the paper's recipe; B_* vary one thing of B's bi -> cross phase (the
-# obstacle study, selected on STS-B dev); *_fixed use what the study selected.
+# obstacle study, selected on STS-B dev); *_fixed use what the study selected (FIXED_GIN).
 RUNS = {
     "self_A": (["A"], STS_GIN, []),
     "self_B": (["B"], STS_GIN, []),
@@ -33,8 +35,13 @@ RUNS = {
     "B_mean_head": (["B"], STS_GIN, ["--gin.sentemb_jax.trans_encoder.cross_pooling='mean'"]),
     "B_lr1e-4": (["B"], STS_GIN, [f"{B2C}.learning_rate=1e-4"]),
     "B_standardize_lr1e-4": (["B"], STS_GIN, [f"{B2C}.relabel='standardize'", f"{B2C}.learning_rate=1e-4"]),
+    "B_lr3e-4": (["B"], STS_GIN, [f"{B2C}.learning_rate=3e-4"]),
+    "B_mean_head_lr1e-4": (["B"], STS_GIN, ["--gin.sentemb_jax.trans_encoder.cross_pooling='mean'", f"{B2C}.learning_rate=1e-4"]),
     "B_cross_from_A": (["B"], STS_GIN, ["--gin.sentemb_jax.trans_encoder.cross_encoders=['@A']"]),
     "pairs_B": (["B"], PAIRS_GIN, []),
+    "self_A_fixed": (["A"], FIXED_GIN, []),
+    "mutual_AB_fixed": (["A", "B"], FIXED_GIN, []),
+    "pairs_B_fixed": (["B"], PAIRS_GIN, FIXED),
 }
 def make_truncated(src: str, out: str, layers: int = 3) -> str:
     """A sentence-transformers directory holding the first `layers` layers of the BERT-family model `src`."""
@@ -58,7 +65,7 @@ def make_truncated(src: str, out: str, layers: int = 3) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/tenc")
-    parser.add_argument("--runs", nargs="+", default=["self_A", "self_B", "mutual_AB", "pairs_B"], choices=list(RUNS))
+    parser.add_argument("--runs", nargs="+", default=["self_B", "B_standardize", "B_lr1e-4", "B_lr3e-4", "B_mean_head", "B_mean_head_lr1e-4", "self_A_fixed", "mutual_AB_fixed", "pairs_B_fixed"], choices=list(RUNS))
     parser.add_argument("--cycles", type=int, default=None, help="override the gin file's cycle count")
     parser.add_argument("--rerun", action="store_true", help="run again configurations that have results")
     args = parser.parse_args(argv)
