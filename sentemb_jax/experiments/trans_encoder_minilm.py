@@ -42,6 +42,7 @@ RUNS = {
     "self_A_fixed": (["A"], FIXED_GIN, []),
     "mutual_AB_fixed": (["A", "B"], FIXED_GIN, []),
     "pairs_B_fixed": (["B"], PAIRS_GIN, FIXED),
+    "B_cross_from_A_fixed": (["B"], FIXED_GIN, ["--gin.sentemb_jax.trans_encoder.cross_encoders=['@A']"]),
 }
 def make_truncated(src: str, out: str, layers: int = 3) -> str:
     """A sentence-transformers directory holding the first `layers` layers of the BERT-family model `src`."""
