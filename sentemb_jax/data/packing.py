@@ -83,6 +83,11 @@ def pack_texts(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], row_lengt
             **{f"packed_{name}": x for name, x in packed_extras.items()}}
 
 
+def packing_inputs(batch: dict) -> dict:
+    """The packed layout a model's `packing=` argument takes, from a batch holding `packed_*` keys."""
+    return {k: batch[f"packed_{k}"] for k in ("segment_ids", "positions", "token_index", "token_mask")}
+
+
 def pack_batch(batch: dict, sides: Sequence[str], row_length: int, pad_id: int, row_multiple: int = 8) -> dict:
     """`batch` plus the packed form of its `<side>_input_ids` / `<side>_attention_mask` (sides in order)."""
     packed = pack_texts([batch[f"{s}_input_ids"] for s in sides], [batch[f"{s}_attention_mask"] for s in sides],

@@ -44,6 +44,10 @@ RUNS = {
     "pairs_B_fixed": (["B"], PAIRS_GIN, FIXED),
     "B_cross_from_A_fixed": (["B"], FIXED_GIN, ["--gin.sentemb_jax.trans_encoder.cross_encoders=['@A']"]),
 }
+DEFAULT_RUNS = ["self_B", "B_standardize", "B_lr1e-4", "B_lr3e-4", "B_mean_head", "B_mean_head_lr1e-4", "self_A_fixed",
+                "mutual_AB_fixed", "pairs_B_fixed"]
+
+
 def make_truncated(src: str, out: str, layers: int = 3) -> str:
     """A sentence-transformers directory holding the first `layers` layers of the BERT-family model `src`."""
     from sentemb_jax.encoder import SentenceEncoder
@@ -66,7 +70,7 @@ def make_truncated(src: str, out: str, layers: int = 3) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/tenc")
-    parser.add_argument("--runs", nargs="+", default=["self_B", "B_standardize", "B_lr1e-4", "B_lr3e-4", "B_mean_head", "B_mean_head_lr1e-4", "self_A_fixed", "mutual_AB_fixed", "pairs_B_fixed"], choices=list(RUNS))
+    parser.add_argument("--runs", nargs="+", default=DEFAULT_RUNS, choices=list(RUNS))
     parser.add_argument("--cycles", type=int, default=None, help="override the gin file's cycle count")
     parser.add_argument("--rerun", action="store_true", help="run again configurations that have results")
     args = parser.parse_args(argv)

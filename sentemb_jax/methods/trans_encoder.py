@@ -32,7 +32,7 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sentemb_jax.data.packing import pack_batch
+from sentemb_jax.data.packing import pack_batch, packing_inputs
 from sentemb_jax.training.step import embed_packed
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ def cross_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, 
     if "packed_input_ids" in batch:  # whole pairs packed into rows (CrossEncoder.packed_features)
         features = {"input_ids": batch["packed_input_ids"], "attention_mask": None,
                     "token_type_ids": batch.get("packed_token_type_ids"),
-                    "packing": {k: batch[f"packed_{k}"] for k in ("segment_ids", "positions", "token_index", "token_mask")}}
+                    "packing": packing_inputs(batch)}
     else:
         features = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sentemb_jax.data.packing import packing_inputs
 from sentemb_jax.losses import in_batch_softmax_loss
 
 Array = jax.Array
@@ -102,8 +103,7 @@ def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg:
 
 def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str]) -> dict[str, Array]:
     """Every side's embeddings from one encoder call over the packed rows (sentemb_jax.data.packing)."""
-    packing = {k: batch[f"packed_{k}"] for k in ("segment_ids", "positions", "token_index", "token_mask")}
-    out = module.apply({"params": tower_params}, batch["packed_input_ids"], None, False, packing=packing,
+    out = module.apply({"params": tower_params}, batch["packed_input_ids"], None, False, packing=packing_inputs(batch),
                        rngs={"dropout": rng})
     sizes = [batch[f"{s}_input_ids"].shape[0] for s in sides]
     return dict(zip(sides, jnp.split(out, np.cumsum(sizes)[:-1].tolist(), axis=0)))
