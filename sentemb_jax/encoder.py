@@ -228,6 +228,24 @@ class SentenceEncoder:
             out = np.asarray(l2_normalize(out))
         return out[0] if single else out
 
+    def first_layers(self, layers: int) -> "SentenceEncoder":
+        """This model with only its first `layers` encoder layers (layer dropping: a student
+        initialised from its teacher, as ConGen / SCT's students)."""
+        cfg = self.config
+        field = "num_layers" if isinstance(cfg, T5Config) else "num_hidden_layers"
+        have = getattr(cfg, field)
+        if not 0 < layers <= have:
+            raise ValueError(f"first_layers({layers}): the model has {have} encoder layers")
+        if getattr(cfg, "scan_layers", False):
+            raise ValueError("first_layers: unsupported for scanned layers (load with scan_layers=False)")
+        backbone = dict(self.params["backbone"])
+        stack = {k: v for k, v in backbone["encoder"].items()
+                 if not (k.startswith("layers_") and int(k.split("_")[1]) >= layers)}
+        backbone["encoder"] = stack
+        # The HF config names the field as our configs do (T5: num_layers, BERT: num_hidden_layers).
+        return SentenceEncoder(self.module.clone(backbone_config=dataclasses.replace(cfg, **{field: layers})),
+                               {**self.params, "backbone": backbone}, self.tokenizer, {**self.hf_config, field: layers})
+
     # ------------------------------------------------------------------ saving
 
     def save_pretrained(self, out_dir: str) -> None:

@@ -57,3 +57,57 @@ def _softmax_xent(logits: Array, valid: Array, label_smoothing: float) -> Array:
     else:
         targets = onehot
     return jnp.mean(optax.softmax_cross_entropy(logits, targets))
+
+
+# ------------------------------------------------------------------------------------------------
+# Queue-based distillation (ConGen, Limkonchotiwat et al. 2022; SCT, Limkonchotiwat et al. 2023).
+# Embeddings and queue entries are L2-normalised, so a dot product is the cosine similarity.
+
+
+def queue_logits(z: Array, queue: Array, temperature: float) -> Array:
+    """sim(z_i, d_j) / tau over the K queue entries: [B, D] x [K, D] -> [B, K] (ConGen eq. 1, SCT eq. 1)."""
+    return z.astype(jnp.float32) @ queue.astype(jnp.float32).T / temperature
+
+
+def distribution_cross_entropy(target_logits: Array, logits: Array) -> Array:
+    """Mean over rows of CE(softmax(target_logits), softmax(logits)); no gradient into the target."""
+    target = jax.nn.softmax(jax.lax.stop_gradient(target_logits), axis=-1)
+    return jnp.mean(optax.softmax_cross_entropy(logits, target))
+
+
+def distribution_kl(target_logits: Array, logits: Array) -> Array:
+    """Mean over rows of KL(softmax(target_logits) || softmax(logits)); no gradient into the target."""
+    target_log = jax.nn.log_softmax(jax.lax.stop_gradient(target_logits), axis=-1)
+    return jnp.mean(jnp.sum(jnp.exp(target_log) * (target_log - jax.nn.log_softmax(logits, axis=-1)), axis=-1))
+
+
+def congen_loss(teacher: Array, control: Array, generalize: Array, queue: Array, teacher_temperature: float,
+                student_temperature: float, alpha: float = 0.5) -> Array:
+    """ConGen eq. 2: alpha CE(P_ref^T, P_con^S) + (1 - alpha) CE(P_ref^T, P_gen^S) over the queue."""
+    target = queue_logits(teacher, queue, teacher_temperature)
+    return (alpha * distribution_cross_entropy(target, queue_logits(control, queue, student_temperature))
+            + (1 - alpha) * distribution_cross_entropy(target, queue_logits(generalize, queue, student_temperature)))
+
+
+def contrastive_distillation_loss(teacher_slots: Array, student: Array, queue: Array, temperature: float) -> Array:
+    """CKD (ConGen's baseline after Wu et al. 2021): InfoNCE of each student embedding against the
+    teacher queue, whose positive is the teacher's embedding of the same sentence at `teacher_slots`."""
+    logits = queue_logits(student, queue, temperature)
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, teacher_slots))
+
+
+def mse_loss(a: Array, b: Array) -> Array:
+    """Mean squared difference over all elements (sentence-transformers' MSELoss, the L2 baselines)."""
+    return jnp.mean(jnp.square(a.astype(jnp.float32) - b.astype(jnp.float32)))
+
+
+def sct_loss(online_1: Array, online_2: Array, reference_1: Array, reference_2: Array, queue_1: Array, queue_2: Array,
+             reference_temperature: float, online_temperature: float) -> Array:
+    """SCT eq. 2 (and L_CD, eq. 4, with a teacher's embeddings as the references): cross-view
+    1/2 KL(SG(c2_ref) || c1) + 1/2 KL(SG(c1_ref) || c2), where c1 = SR(z1, D2), c2 = SR(z2, D1),
+    c1_ref = SR(r1, D1), c2_ref = SR(r2, D2)."""
+    c1 = queue_logits(online_1, queue_2, online_temperature)
+    c2 = queue_logits(online_2, queue_1, online_temperature)
+    c1_ref = queue_logits(reference_1, queue_1, reference_temperature)
+    c2_ref = queue_logits(reference_2, queue_2, reference_temperature)
+    return (distribution_kl(c2_ref, c1) + distribution_kl(c1_ref, c2)) / 2

@@ -26,6 +26,7 @@ def register_configurables() -> None:
     """Import every module that defines gin configurables, so bindings can name them."""
     import sentemb_jax.evaluation.jobs  # noqa: F401
     import sentemb_jax.jobs  # noqa: F401
+    import sentemb_jax.methods.queue_distill  # noqa: F401
     import sentemb_jax.methods.trans_encoder  # noqa: F401
     import sentemb_jax.training.trainer  # noqa: F401
 

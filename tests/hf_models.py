@@ -63,3 +63,16 @@ def padded_batch(vocab: int, lengths: list[int], pad_id: int, low: int = 3, seed
         mask[i, :n] = 1
     ids[mask == 0] = pad_id
     return ids, mask
+
+
+def make_minilm_shaped_bert(path, minilm_dir: str, seed: int = 0, layers: int = 2, hidden: int = 32):
+    """A small random BERT with all-MiniLM-L6-v2's WordPiece tokenizer (real text goes through it)."""
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                                  intermediate_size=2 * hidden, max_position_embeddings=128)
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if os.path.isfile(os.path.join(minilm_dir, name)):
+            shutil.copy(os.path.join(minilm_dir, name), path)
+    return model

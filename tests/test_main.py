@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_default_job_scores_stsb_dev(tmp_path, data_dir):
     """The README's `make run` job, in-process: MiniLM on STS-B dev."""
     out = tmp_path / "run"
-    rc = runner.main(["--gin_file=gin/runs/default.gin", f"--gin.DATA_DIR='{data_dir}'",
+    rc = runner.main(["--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{data_dir}'",
                       f"--gin.sentemb_jax.evaluate_stsb.model_dir='{out}'"])
     assert rc == 0
     result = json.loads((out / "results.json").read_text())
@@ -26,11 +26,11 @@ def test_default_job_scores_stsb_dev(tmp_path, data_dir):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--gin_file=gin/runs/default.gin", "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
-        (["--gin_file=gin/runs/default.gin", "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
         (["--gin_file=gin/runs/absent.gin"], "gin/runs/absent.gin: no such file"),
         ([], "no --gin_file given"),
-        (["--gin_file=gin/runs/default.gin", "--oops"], "unrecognised argument '--oops'"),
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--oops"], "unrecognised argument '--oops'"),
     ],
 )
 def test_bad_command_lines_exit_2(args, message, capsys):
@@ -54,7 +54,7 @@ def test_missing_required_value_exit_2(tmp_path, capsys):
 
 def test_missing_data_file_names_path(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/default.gin", f"--gin.DATA_DIR='{tmp_path}'"],
+        [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{tmp_path}'"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode != 0

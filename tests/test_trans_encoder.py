@@ -1,15 +1,13 @@
 """Trans-Encoder: pseudo-labels and losses against hand-computed values; a tiny end-to-end cycle."""
 import json
 import os
-import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
 from scipy import stats
 
+from hf_models import make_minilm_shaped_bert
 from sentemb_jax.data.files import DataError
 from sentemb_jax.methods import trans_encoder as te
 
@@ -78,14 +76,7 @@ def test_read_unlabelled_pairs_drops_labels_and_duplicates(tmp_path):
 
 
 def _tiny_bert(path, minilm_dir, seed):
-    """A 2-layer random BERT with all-MiniLM-L6-v2's WordPiece tokenizer."""
-    torch.manual_seed(seed)
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  intermediate_size=64, max_position_embeddings=128)
-    transformers.BertModel(cfg, add_pooling_layer=False).eval().save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if os.path.isfile(os.path.join(minilm_dir, name)):
-            shutil.copy(os.path.join(minilm_dir, name), path)
+    make_minilm_shaped_bert(path, minilm_dir, seed=seed)
     return str(path)
 
 

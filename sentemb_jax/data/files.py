@@ -14,6 +14,7 @@ that are not numbers, NaN or outside the declared range always stop the read.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -284,16 +285,37 @@ def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
     return RowIndex(spec, header, np.asarray(offsets, np.int64), np.asarray(lines, np.int64), summary)
 
 
-def read_rows(index: RowIndex, order: Sequence[int] | None = None) -> Iterator[dict]:
+@dataclasses.dataclass
+class ConcatRowIndex:
+    """Several files read as one: position p is row p - starts[k] of parts[k] (files in order)."""
+
+    parts: list[RowIndex]
+
+    def __post_init__(self):
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def summary(self) -> str:
+        return "\n".join(str(p.summary) for p in self.parts)
+
+
+def read_rows(index: RowIndex | ConcatRowIndex, order: Sequence[int] | None = None) -> Iterator[dict]:
     """The examples of an index (in `order`, positions into the index), parsed again from disk."""
-    spec = index.spec
+    parts = index.parts if isinstance(index, ConcatRowIndex) else [index]
+    starts = np.cumsum([0] + [len(p) for p in parts])
     positions = range(len(index)) if order is None else order
-    with open(spec.path, "rb") as f:
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(p.spec.path, "rb")) for p in parts]
         for pos in positions:
-            f.seek(int(index.offsets[pos]))
-            line = f.readline().decode("utf-8")
-            example = _parse_line(spec, index.header, line, int(index.line_numbers[pos]))
-            yield _validate_example(spec, example, int(index.line_numbers[pos]))
+            k = int(np.searchsorted(starts, pos, side="right")) - 1
+            part, local = parts[k], int(pos) - int(starts[k])
+            files[k].seek(int(part.offsets[local]))
+            line = files[k].readline().decode("utf-8")
+            example = _parse_line(part.spec, part.header, line, int(part.line_numbers[local]))
+            yield _validate_example(part.spec, example, int(part.line_numbers[local]))
 
 
 def read_examples(spec: FileSpec, on_bad_row: str = "error") -> list[dict]:

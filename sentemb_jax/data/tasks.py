@@ -33,7 +33,8 @@ import seqio
 import tensorflow as tf
 
 from sentemb_jax.data import augment
-from sentemb_jax.data.files import DataError, FileSpec, RowIndex, index_rows, missing_file_message, read_rows
+from sentemb_jax.data.files import (ConcatRowIndex, DataError, FileSpec, RowIndex, index_rows, missing_file_message,
+                                    read_rows)
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,12 @@ class RowFileSource(seqio.DataSource):
     `num_shards`-th row of that permutation, so hosts read disjoint parts of one global order.
     """
 
-    def __init__(self, specs: Mapping[str, FileSpec], on_bad_row: str = "error", score_field: str | None = None):
-        self._specs = dict(specs)
+    def __init__(self, specs: Mapping[str, FileSpec | Sequence[FileSpec]], on_bad_row: str = "error",
+                 score_field: str | None = None):
+        # A split may be several files of the same columns, read as one (row ids run across them).
+        self._specs = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in specs.items()}
         self._on_bad_row = on_bad_row
-        self._indexes: dict[str, RowIndex] = {}
+        self._indexes: dict[str, RowIndex | ConcatRowIndex] = {}
         self._score_field = score_field
         super().__init__(splits=list(specs), num_input_examples=None, caching_permitted=True, performs_internal_shuffling=True)
 
@@ -68,13 +71,16 @@ class RowFileSource(seqio.DataSource):
         return True
 
     def list_shards(self, split: str) -> Sequence[str]:
-        return [self._specs[split].path]
+        spec = self._specs[split]
+        return [s.path for s in spec] if isinstance(spec, tuple) else [spec.path]
 
-    def index(self, split: str) -> RowIndex:
+    def index(self, split: str) -> RowIndex | ConcatRowIndex:
         if split not in self._specs:
             raise DataError(f"split {split!r} not available; this source has {sorted(self._specs)}")
         if split not in self._indexes:
-            self._indexes[split] = index_rows(self._specs[split], self._on_bad_row)
+            spec = self._specs[split]
+            self._indexes[split] = (ConcatRowIndex([index_rows(s, self._on_bad_row) for s in spec])
+                                    if isinstance(spec, tuple) else index_rows(spec, self._on_bad_row))
         return self._indexes[split]
 
     def num_input_examples(self, split: str) -> int | None:
@@ -92,6 +98,7 @@ class RowFileSource(seqio.DataSource):
         index = self.index(split)
         order = self.row_order(split, shuffle, seed, shard_info)
         spec = self._specs[split]
+        spec = spec[0] if isinstance(spec, tuple) else spec  # the parts share their columns
         signature = {f: tf.TensorSpec((), tf.string) for f in spec.fields if f != spec.score_field}
         if spec.score_field:
             signature[spec.score_field] = tf.TensorSpec((), tf.float32)
@@ -182,10 +189,13 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
     rel = files.get(kind, DEFAULT_FILES[kind])
     by_split = rel if isinstance(rel, Mapping) else {"train": rel}
     specs = {}
-    for split, path in by_split.items():
-        full = path if os.path.isabs(path) else os.path.join(data_dir, path)
-        binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
-        specs[split] = build(full, binding)
+    for split, paths in by_split.items():
+        built = []
+        for path in [paths] if isinstance(paths, str) else list(paths):  # a list: files read as one
+            full = path if os.path.isabs(path) else os.path.join(data_dir, path)
+            binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
+            built.append(build(full, binding))
+        specs[split] = built[0] if isinstance(paths, str) else tuple(built)
     return specs
 
 
@@ -193,7 +203,7 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
 def register_tasks(
     model_dir: str = gin.REQUIRED,
     data_dir: str = gin.REQUIRED,
-    files: Mapping[str, str | Mapping[str, str]] | None = None,
+    files: Mapping[str, str | Sequence[str] | Mapping[str, str | Sequence[str]]] | None = None,
     on_bad_row: str = "error",
     views: Sequence[str] = ("none", "none"),
     augment_rate: float = 0.1,
@@ -205,6 +215,9 @@ def register_tasks(
     kinds: Sequence[str] = tuple(DEFAULT_FILES),
 ) -> dict[str, str]:
     """Register the file-backed tasks (and the QA+NLI mixture); returns kind -> task name.
+
+    files: kind -> a path, or split -> path; a list of paths (same columns) is read as one
+    split, row ids running across the files in order (e.g. NLI + wiki sentences).
 
     Missing files are reported here, before any data is read, naming the gin bindings that
     produced the path. Row validation happens when a split is first read.
@@ -234,8 +247,9 @@ def register_tasks(
     for kind in kinds:
         specs = _specs(kind, data_dir, files, builders[kind])
         for spec in specs.values():
-            if not os.path.isfile(spec.path):
-                raise DataError(missing_file_message(spec))
+            for part in spec if isinstance(spec, tuple) else (spec,):
+                if not os.path.isfile(part.path):
+                    raise DataError(missing_file_message(part))
         source = RowFileSource(specs, on_bad_row)
         pre, post = [], []
         if kind == "sentences":

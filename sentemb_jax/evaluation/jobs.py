@@ -94,6 +94,20 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
     return results
 
 
+def sts_scores(model_path: str, model_dir: str, data_dir: str, make=None, sickr_test_path: str | None = None) -> dict:
+    """The `sts` scores of eval_sts for a model, read back from model_dir/results.json when an
+    earlier run scored it there; `make()` builds the model when it is not a directory."""
+    path = os.path.join(model_dir, RESULTS_JSON)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            done = json.load(f)
+        if done.get("model") == model_path and "sts" in done:
+            return done["sts"]
+    model = EmbeddingCache(make()) if make else None
+    return eval_sts(model_path=model_path, model_dir=model_dir, data_dir=data_dir, sickr_test_path=sickr_test_path,
+                    model=model)["sts"]
+
+
 @gin.configurable(module="sentemb_jax")
 def eval_pairs(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
                qqp_path: str | None = None, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:

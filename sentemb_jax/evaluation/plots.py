@@ -35,3 +35,36 @@ def plot_task_bars(values: dict[str, float], path: str, title: str, ylabel: str 
     ax.set_title(title)
     ax.set_ylim(0, max(100.0, max(values.values(), default=0) * 1.1))
     return _save(fig, path)
+
+
+def plot_grouped_bars(rows: dict[str, dict[str, float]], path: str, title: str, ylabel: str = "Spearman x 100") -> str:
+    """Tasks on the x axis, one bar per model (row) in each group."""
+    tasks = list(next(iter(rows.values()))) if rows else []
+    fig = Figure(figsize=(max(5.0, 1.1 * len(tasks) + 1), 3.8))
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(rows), 1)
+    for i, (name, values) in enumerate(rows.items()):
+        x = np.arange(len(tasks)) + (i - (len(rows) - 1) / 2) * width
+        ax.bar(x, [values.get(t, np.nan) for t in tasks], width, label=name)
+    ax.set_xticks(np.arange(len(tasks)), tasks)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not over them
+    return _save(fig, path)
+
+
+def plot_curve(x: list[float], y: list[float], path: str, title: str, xlabel: str, ylabel: str,
+               reference: dict[str, float] | None = None) -> str:
+    """A learning curve, with optional horizontal reference lines (e.g. the teacher's score)."""
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.add_subplot()
+    ax.plot(x, y, marker=".")
+    for label, value in (reference or {}).items():
+        ax.axhline(value, linestyle="--", linewidth=1, color="gray")
+        ax.annotate(f"{label} {value:.2f}", (x[0] if x else 0, value), fontsize=8, va="bottom")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -18,9 +18,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def sts_table(results: dict, model_name: str) -> str:
     """STS12 STS13 STS14 STS15 STS16 STS-B SICK-R Avg (Spearman x 100); omitted tasks show '–'."""
-    sts = results["sts"]
+    return sts_rows_table({model_name: results["sts"]})
+
+
+def sts_rows_table(rows: dict[str, dict]) -> str:
+    """The STS table with one row per model (name -> its `sts` scores)."""
     header = ["Model"] + [TASK_LABELS.get(t, t) for t in STS_TASKS] + ["Avg"]
-    return _table(header, [[model_name] + [_fmt(sts.get(t)) for t in STS_TASKS] + [_fmt(sts.get("avg"))]])
+    return _table(header, [[name] + [_fmt(sts.get(t)) for t in STS_TASKS] + [_fmt(sts.get("avg"))]
+                           for name, sts in rows.items()])
 
 
 def pairs_table(results: dict, model_name: str) -> str:

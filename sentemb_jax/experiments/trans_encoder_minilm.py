@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -54,15 +53,7 @@ def make_truncated(src: str, out: str, layers: int = 3) -> str:
 
     if os.path.isfile(os.path.join(out, "modules.json")):
         return out
-    enc = SentenceEncoder.from_pretrained(src)
-    cfg = dataclasses.replace(enc.config, num_hidden_layers=layers)
-    backbone = dict(enc.params["backbone"])
-    stack = dict(backbone["encoder"])
-    for name in [k for k in stack if k.startswith("layers_") and int(k.split("_")[1]) >= layers]:
-        del stack[name]
-    backbone["encoder"] = stack
-    small = SentenceEncoder(enc.module.clone(backbone_config=cfg), {**enc.params, "backbone": backbone}, enc.tokenizer,
-                            {**enc.hf_config, "num_hidden_layers": layers})
+    small = SentenceEncoder.from_pretrained(src).first_layers(layers)
     small.save_pretrained(out)
     return out
 

@@ -43,6 +43,9 @@ class T5Config:
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     dropout_rate: float = 0.1
+    # The decoder's own rate (None: dropout_rate). ST5-EncDec from random init needs it lower than the
+    # encoder's: its sentence embedding is the decoder's final first-token state, dropped at this rate.
+    decoder_dropout_rate: float | None = None
     layer_norm_epsilon: float = 1e-6
     dense_act_fn: str = "relu"  # v1.0: relu; v1.1 / mT5: gelu_new (gated)
     is_gated_act: bool = False
@@ -59,6 +62,10 @@ class T5Config:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
+
+    @property
+    def decoder_dropout(self) -> float:
+        return self.dropout_rate if self.decoder_dropout_rate is None else self.decoder_dropout_rate
 
     @property
     def model_type(self) -> str:
@@ -222,7 +229,7 @@ class T5Decoder(nn.Module):
     def __call__(self, decoder_input_ids, encoded, encoder_mask, decoder_mask=None, deterministic: bool = True,
                  encoded_index=None):
         """encoded_index: `encoded` is packed rows; [batch, width] flat indices of each row's tokens."""
-        cfg = self.config
+        cfg = dataclasses.replace(self.config, dropout_rate=self.config.decoder_dropout)
         x = constrain_activations(self.shared(decoder_input_ids))
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         length = decoder_input_ids.shape[1]

@@ -7,10 +7,16 @@ import optax
 
 @gin.configurable(module="sentemb_jax")
 def learning_rate_schedule(peak: float = 1e-3, warmup_steps: int = 0, total_steps: int | None = None,
-                           decay: str = "linear") -> optax.Schedule:
-    """Linear warm-up to `peak`, then linear decay to 0 at `total_steps` (or constant)."""
+                           decay: str = "linear", warmup_fraction: float | None = None) -> optax.Schedule:
+    """Linear warm-up to `peak`, then linear decay to 0 at `total_steps` (or constant).
+
+    warmup_fraction: warm up over this share of `total_steps` instead of `warmup_steps`."""
     if decay not in ("linear", "constant"):
         raise ValueError(f"decay must be 'linear' or 'constant', got {decay!r}")
+    if warmup_fraction is not None:
+        if not total_steps or not 0.0 <= warmup_fraction < 1.0:
+            raise ValueError(f"warmup_fraction={warmup_fraction} needs total_steps and a value in [0, 1)")
+        warmup_steps = int(warmup_fraction * total_steps)
     after = optax.constant_schedule(peak)
     if decay == "linear":
         if not total_steps:

@@ -101,10 +101,11 @@ def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg:
     )
 
 
-def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str]) -> dict[str, Array]:
+def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str],
+                 deterministic: bool = False) -> dict[str, Array]:
     """Every side's embeddings from one encoder call over the packed rows (sentemb_jax.data.packing)."""
-    out = module.apply({"params": tower_params}, batch["packed_input_ids"], None, False, packing=packing_inputs(batch),
-                       rngs={"dropout": rng})
+    out = module.apply({"params": tower_params}, batch["packed_input_ids"], None, deterministic,
+                       packing=packing_inputs(batch), rngs={"dropout": rng})
     sizes = [batch[f"{s}_input_ids"].shape[0] for s in sides]
     return dict(zip(sides, jnp.split(out, np.cumsum(sizes)[:-1].tolist(), axis=0)))
 

@@ -63,9 +63,24 @@ def _check_model_dir(model_dir: str) -> None:
         raise TrainingError(f"MODEL_DIR {model_dir}: not writable ({e.strerror})") from None
 
 
-def _model_batch(batch: dict, cfg: ContrastiveConfig) -> dict:
-    sides = sides_of(cfg)
-    return {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in sides and k.endswith(("_input_ids", "_attention_mask"))}
+class ContrastiveMethod:
+    """The train loop's hooks for in-batch softmax training (Sentence-T5, SimCSE): the text sides a
+    batch needs, the batch the step takes, the sharded step and its initial state. Other methods
+    (sentemb_jax.methods.queue_distill.QueueDistillMethod) give the same."""
+
+    def __init__(self, cfg: ContrastiveConfig):
+        self.cfg = cfg
+        self.sides = tuple(sides_of(cfg))
+
+    def model_batch(self, batch: dict) -> dict:
+        return {k: v for k, v in batch.items()
+                if k.rsplit("_", 2)[0] in self.sides and k.endswith(("_input_ids", "_attention_mask"))}
+
+    def build_step(self, module, optimizer, mesh, example: dict):
+        return build_sharded_step(module, optimizer, self.cfg, mesh, example)
+
+    def initial_state(self, tower_params, optimizer, shardings: TrainState) -> TrainState:
+        return place_state(tower_params, optimizer, self.cfg, shardings)
 
 
 gin.external_configurable(T5Config, module="sentemb_jax")
@@ -103,6 +118,10 @@ def train(
     same_length: bool = True,
     prng_impl: str | None = None,
     pack: bool = False,
+    init_layers: int | None = None,
+    init_random: bool = False,
+    distill=None,
+    export_dir: str | None = None,
 ) -> dict:
     """Train a dual encoder; returns the last metrics (and the best STS-B dev score).
 
@@ -118,6 +137,15 @@ def train(
       and run the towers once over them (sentemb_jax.data.packing): the encoder sees real tokens,
       not padding - 2-3x fewer tokens for NLI batches. Same loss and embeddings as unpacked (eval
       mode; dropout masks differ). Not with GradCache / chunk_size.
+    init_layers: keep only the first k encoder layers of `init_from` (layer dropping: a student
+      from its teacher).
+    init_random: keep the architecture (and tokenizer) of `init_from` but start from random
+      weights (a random student).
+    distill: a QueueDistillConfig - train with ConGen / SCT / a distillation baseline
+      (sentemb_jax.methods.queue_distill) on the `sentences` task's two views instead of the
+      contrastive loss.
+    export_dir: at the end, write the best tower by STS-B dev (the last one without evaluation)
+      there as a sentence-transformers directory.
     """
     _check_model_dir(model_dir)
     if prng_impl:
@@ -132,18 +160,34 @@ def train(
         encoder = SentenceEncoder(tower_module(), None, tokenizer)
     else:
         raise TrainingError("give train.init_from (a model directory) or train.tokenizer_dir (to train from scratch)")
-    module = encoder.module
+    if init_layers:
+        if encoder.params is None:
+            raise TrainingError("train.init_layers needs train.init_from (the model whose first layers to keep)")
+        encoder = encoder.first_layers(init_layers)
+    if init_random:
+        if encoder.params is None:
+            raise TrainingError("train.init_random needs train.init_from (the architecture to initialise)")
+        encoder.params = None  # initialised below like a from-scratch tower
     names = register_tasks(model_dir=tokenizer_dir, data_dir=data_dir)
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
+    if distill is not None:
+        from sentemb_jax.methods.queue_distill import QueueDistillMethod
+
+        method = QueueDistillMethod(distill, sequence_length, seed)
+        method.prepare(names[task], encoder)
+        encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
+    else:
+        method = ContrastiveMethod(contrastive)
+    module = encoder.module
     optimizer = make_optimizer()
     mesh = make_mesh()
     pipeline = InputPipeline(names[task], batch_size=batch_size, sequence_length=sequence_length, seed=seed,
                              buckets=TRAIN_BUCKETS, same_length=same_length)
     batches = iter(pipeline)
     dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
-    first = {f"{contrastive.anchor}_input_ids": dummy, f"{contrastive.anchor}_attention_mask": dummy}
-    step_fn, abstract, shardings = build_sharded_step(module, optimizer, contrastive, mesh, first)
+    first = {f"{method.sides[0]}_input_ids": dummy, f"{method.sides[0]}_attention_mask": dummy}
+    step_fn, abstract, shardings = method.build_step(module, optimizer, mesh, first)
 
     options = ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True)
     manager = ocp.CheckpointManager(os.path.join(os.path.abspath(model_dir), "checkpoints"), options=options)
@@ -165,13 +209,13 @@ def train(
     else:
         tower = encoder.params
         if tower is None:
-            init = jax.jit(lambda r: nn.meta.unbox(module.init(r, first[f"{contrastive.anchor}_input_ids"],
-                                                                first[f"{contrastive.anchor}_attention_mask"])["params"]),
+            init = jax.jit(lambda r: nn.meta.unbox(module.init(r, first[f"{method.sides[0]}_input_ids"],
+                                                                first[f"{method.sides[0]}_attention_mask"])["params"]),
                            out_shardings=shardings.params["tower"])
             tower = init(jax.random.PRNGKey(seed))
         if params_from:
             tower = _params_from_run(params_from, restore_target)
-        state = place_state(tower, optimizer, contrastive, shardings)
+        state = method.initial_state(tower, optimizer, shardings)
         best, train_seconds = None, 0.0
     writer = _SummaryWriter(model_dir)
     evaluator = _StsDevEvaluator(encoder, data_dir) if eval_every else None
@@ -191,9 +235,9 @@ def train(
                 batch = next(batches)
             except StopIteration:
                 raise TrainingError(f"task {task!r} ran out of data at step {int(state.step)}") from None
-            model_batch = _model_batch(batch, contrastive)
+            model_batch = method.model_batch(batch)
             if pack:
-                model_batch = pack_batch(model_batch, sides_of(contrastive), sequence_length, pipeline.pad_id,
+                model_batch = pack_batch(model_batch, method.sides, sequence_length, pipeline.pad_id,
                                          row_multiple=math.lcm(8, batch_shards(mesh)))
             state, out = step_fn(state, shard_batch(model_batch, mesh), rng)
             step = int(state.step)  # waits for the step, so the time below is the step's
@@ -230,7 +274,29 @@ def train(
     manager.wait_until_finished()
     best_manager.wait_until_finished()
     writer.close()
+    if export_dir:
+        tower = state.params["tower"]
+        if best is not None and best_manager.latest_step() is not None:
+            restored = best_manager.restore(best_manager.latest_step(), args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(restore_target)))
+            tower = restored["state"].params["tower"]
+        encoder.params = jax.device_get(tower)
+        encoder.save_pretrained(export_dir)
+        log.info("exported the %s tower to %s", "best" if best else "last", export_dir)
     return {**metrics, "best": best}
+
+
+def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceEncoder:
+    """`encoder` with a new Linear + tanh projection to `dim` (ConGen's student head); unchanged for None."""
+    if not dim:
+        return encoder
+    module = encoder.module.clone(projection_dim=dim, projection_bias=True, projection_activation="tanh")
+    if encoder.params is None:  # random init: the whole tower is initialised by the train loop
+        return SentenceEncoder(module, None, encoder.tokenizer, encoder.hf_config)
+    dummy = np.ones((1, 8), np.int32)
+    fresh = module.init(jax.random.PRNGKey(seed), dummy, dummy)["params"]
+    return SentenceEncoder(module, {**encoder.params, "projection": nn.meta.unbox(fresh)["projection"]},
+                           encoder.tokenizer, encoder.hf_config)
 
 
 def _budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:

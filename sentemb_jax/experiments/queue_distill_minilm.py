@@ -1,0 +1,95 @@
+"""Issue 7's experiment: all-MiniLM-L6-v2 distilled into its first 3 layers on this CPU.
+
+    python -m sentemb_jax.experiments.queue_distill_minilm --out runs/qd [--runs congen l2 ...] [--rerun]
+
+Each run is a `python -m sentemb_jax.main` job on the NLI + wiki sentences (85,770), batch 128,
+max length 64 (gin/runs/*_cpu.gin): `*_10min` runs stop after 10 minutes of training time (the
+issue's budget), the others after the 420 steps of the 10-minute schedule (equal steps, whatever
+the time). The best student by STS-B dev (MODEL_DIR/student) is then scored on the STS table
+(MODEL_DIR/eval/results.json). Prints one table: STS-B dev (best during training), the STS table,
+steps and training minutes; the teacher and the student before training come first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+EQUAL_STEPS = ["--gin.sentemb_jax.train.time_budget_s=None"]
+BASELINES = "gin/runs/distill_baselines_cpu.gin"
+# name -> (gin file, extra bindings)
+RUNS = {
+    "congen_10min": ("gin/runs/congen_cpu.gin", []),
+    "l2_10min": (BASELINES, ["--gin.BASELINE='l2'"]),
+    "congen_30min": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=1260"]),
+    "congen": ("gin/runs/congen_cpu.gin", EQUAL_STEPS),
+    "l2": (BASELINES, ["--gin.BASELINE='l2'", *EQUAL_STEPS]),
+    "dual_l2": (BASELINES, ["--gin.BASELINE='dual_l2'", *EQUAL_STEPS]),
+    "skd": (BASELINES, ["--gin.BASELINE='skd'", *EQUAL_STEPS]),
+    "ckd": (BASELINES, ["--gin.BASELINE='ckd'", *EQUAL_STEPS]),
+    "sct_distill": ("gin/runs/sct_distill_cpu.gin", EQUAL_STEPS),
+    "sct_distill_10min": ("gin/runs/sct_distill_cpu.gin", []),
+    "sct": ("gin/runs/sct_cpu.gin", EQUAL_STEPS),
+    "simcse_unsup": ("gin/runs/simcse_unsup_student_cpu.gin", EQUAL_STEPS),
+}
+DEFAULT_RUNS = ["congen_10min", "l2_10min", "congen_30min", "dual_l2", "skd", "ckd", "sct_distill", "sct", "simcse_unsup"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/qd")
+    parser.add_argument("--runs", nargs="*", default=DEFAULT_RUNS, choices=list(RUNS))
+    parser.add_argument("--rerun", action="store_true", help="run again configurations that have results")
+    parser.add_argument("--table", nargs="*", default=None, help="runs to show (default: every run with results)")
+    args = parser.parse_args(argv)
+    from sentemb_jax.data.files import default_data_dir
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.evaluation.jobs import sts_scores
+    from sentemb_jax.jobs import packaged_minilm_path
+
+    data_dir = default_data_dir()
+    teacher = packaged_minilm_path()
+    for name in args.runs:
+        gin_file, extra = RUNS[name]
+        out = os.path.join(args.out, name)
+        if os.path.isfile(os.path.join(out, "eval", "results.json")) and not args.rerun:
+            print(f"{name}: done before, not rerun", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "sentemb_jax.main", f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{out}'", *extra]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        sts_scores(os.path.join(out, "student"), os.path.join(out, "eval"), data_dir)
+    rows = {"teacher": (sts_scores(teacher, os.path.join(args.out, "teacher"), data_dir), None),
+            "student before": (sts_scores(f"{teacher} (first 3 layers)", os.path.join(args.out, "student_before"), data_dir,
+                                    lambda: SentenceEncoder.from_pretrained(teacher).first_layers(3)), None)}
+    for name in args.table if args.table is not None else list(RUNS):
+        path = os.path.join(args.out, name, "eval", "results.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                sts = json.load(f)["sts"]
+            with open(os.path.join(args.out, name, "metrics.jsonl")) as f:
+                lines = [json.loads(line) for line in f]
+            rows[name] = (sts, lines)
+    print_table(rows)
+
+
+def print_table(rows: dict) -> None:
+    from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
+
+    tasks = [t for t in STS_TASKS if any(t in sts for sts, _ in rows.values())]
+    print(f"\n{'run':18s}{'dev best':>9s}{'step':>6s}{'min':>6s}" + "".join(f"{TASK_LABELS.get(t, t):>8s}" for t in tasks)
+          + f"{'Avg':>8s}")
+    for name, (sts, lines) in rows.items():
+        dev, step, minutes = "", "", ""
+        if lines:
+            evals = [x for x in lines if "stsb_dev_spearman" in x]
+            best = max(evals, key=lambda x: x["stsb_dev_spearman"])
+            dev, step, minutes = f"{best['stsb_dev_spearman']:.2f}", str(lines[-1]["step"]), f"{lines[-1]['train_seconds'] / 60:.1f}"
+        print(f"{name:18s}{dev:>9s}{step:>6s}{minutes:>6s}" + "".join(f"{sts.get(t, float('nan')):8.2f}" for t in tasks)
+              + f"{sts.get('avg', float('nan')):8.2f}")
+
+
+if __name__ == "__main__":
+    main()

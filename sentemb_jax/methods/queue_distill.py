@@ -1,0 +1,412 @@
+"""Queue-based distillation on the train loop: ConGen, SCT (self-supervised and distillation), and
+ConGen's baselines L2, Dual-L2, SKD, CKD - one switch, `QueueDistillConfig.method`.
+
+    python -m sentemb_jax.main --gin_file=gin/congen.gin --gin.MODEL_DIR="'/tmp/congen'"
+
+Each batch holds two views of every sentence of a `sentences` task: view1 = the sentence
+(ConGen's control view x1, the one the teacher embeds), view2 = its augmentation (the generalize
+view x2, e.g. 10% word deletion). The teacher's view1 embeddings of the whole file are computed
+once and cached on disk under a key of the teacher's weights and the file's texts (never reused
+across teachers or data); `row_id` picks each batch's rows.
+
+* congen: alpha CE(P_ref^T, P_con^S) + (1 - alpha) CE(P_ref^T, P_gen^S) over the teacher queue.
+* l2: MSE(z_ref^T, z_con^S); dual_l2: + MSE(z_ref^T, z_gen^S); skd: + MSE(z_con^S, z_gen^S).
+* ckd: InfoNCE of z_con^S against the teacher queue, the positive being z_ref^T (Wu et al. 2021).
+* sct: an MLP projector on the student; references = the student's own encoder outputs under
+  stop-gradient (identical weights, SCT Sec. 3.1), queues D1 / D2 of the two views' references,
+  the cross-view KL of SCT eq. 2; queues start as random unit vectors.
+* sct_distill: the teacher's view1 embeddings (cached) and view2 embeddings (the teacher runs in
+  the step, eval mode, on the augmented view) fill D1 / D2, and L_CD (eq. 4) is added to L_SCT
+  (eq. 3).
+The queue is FIFO inside the jitted step (sentemb_jax.methods.instance_queue): the batch's
+teacher / reference embeddings go in first, then the distributions are taken over the queue
+(ConGen Sec. 3: "dequeue the first m entries ... enqueue z_ref^T of each batch sample").
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+from typing import Any
+
+import flax
+import flax.linen as nn
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from sentemb_jax import losses, partitioning
+from sentemb_jax.methods import instance_queue as iq
+from sentemb_jax.pooling import l2_normalize
+from sentemb_jax.training.step import embed_packed, embed_side
+
+log = logging.getLogger(__name__)
+Array = jax.Array
+METHODS = ("congen", "l2", "dual_l2", "skd", "ckd", "sct", "sct_distill")
+_TEACHER_QUEUE = ("congen", "ckd")  # one queue of the teacher's view1 embeddings
+_SCT = ("sct", "sct_distill")
+SIDES = ("view1", "view2")
+
+
+@gin.configurable(module="sentemb_jax")
+@dataclasses.dataclass(frozen=True)
+class QueueDistillConfig:
+    """Defaults: ConGen's Table 7 for BERT-Tiny-sized students (tau_T 0.05, K 16384; the CPU
+    reference run's tau_S 0.07, alpha 0.5) and SCT's Table 1 for BERT-Small (tau_ref 0.02,
+    tau_theta 0.03, K 65536, projector expansion 10)."""
+
+    method: str = "congen"
+    teacher: str | None = None  # a model directory; not used by `sct`
+    queue_size: int = 16384
+    queue_init: str | None = None  # 'data' (teacher embeddings of random rows; ConGen) / 'random' (SCT); None: by method
+    teacher_temperature: float = 0.05
+    student_temperature: float = 0.07
+    alpha: float = 0.5
+    reference_temperature: float = 0.02  # SCT tau_ref
+    online_temperature: float = 0.03  # SCT tau_theta
+    projector_layers: int = 3  # SCT: blocks of Linear(u -> u*w) ReLU Linear(u*w -> u)
+    projector_expansion: int = 10
+    # SCT's reference = the student's own weights under stop-gradient: True takes the online
+    # forward's outputs (dropout on, no extra pass); False a separate pass with dropout off.
+    reference_dropout: bool = True
+    shard_queue_min_entries: int = iq.SHARD_MIN_ENTRIES
+    cache_dir: str | None = None  # teacher embeddings (default ~/.cache/sentemb_jax/teacher_embeddings)
+    teacher_batch_size: int = 128
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"QueueDistillConfig.method {self.method!r}: choose from {METHODS}")
+        if self.method != "sct" and not self.teacher:
+            raise ValueError(f"QueueDistillConfig.method {self.method!r} needs a teacher (QueueDistillConfig.teacher)")
+        if self.queue_init not in (None, "data", "random"):
+            raise ValueError(f"QueueDistillConfig.queue_init {self.queue_init!r}: choose 'data' or 'random'")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"QueueDistillConfig.alpha={self.alpha}: must lie in [0, 1]")
+
+    @property
+    def needs_cached_teacher(self) -> bool:
+        return self.method != "sct"
+
+    @property
+    def queue_count(self) -> int:
+        return 2 if self.method in _SCT else (1 if self.method in _TEACHER_QUEUE else 0)
+
+
+class Projector(nn.Module):
+    """SCT's projector h: `layers` blocks of Linear(u -> u*w), ReLU, Linear(u*w -> u)."""
+
+    layers: int = 3
+    expansion: int = 10
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        width = x.shape[-1]
+        for i in range(self.layers):
+            x = nn.Dense(width * self.expansion, name=f"block{i}_up")(x)
+            x = nn.Dense(width, name=f"block{i}_down")(nn.relu(x))
+        return x
+
+
+@flax.struct.dataclass
+class DistillState:
+    step: Array
+    params: Any  # {"tower": student, ["projector": SCT's h]}
+    opt_state: Any
+    queues: tuple  # InstanceQueue per queue (0, 1 or 2)
+    teacher: Any  # teacher params when the step runs the teacher (sct_distill), else None
+
+
+def _embed(module: nn.Module, params, batch: dict, rng: Array, deterministic: bool = False) -> tuple[Array, Array]:
+    if "packed_input_ids" in batch:
+        out = embed_packed(module, params, batch, rng, list(SIDES), deterministic=deterministic)
+        return out["view1"], out["view2"]
+    if deterministic:
+        return tuple(module.apply({"params": params}, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"]) for s in SIDES)
+    return tuple(embed_side(module, params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"],
+                            jax.random.fold_in(rng, i), None) for i, s in enumerate(SIDES))
+
+
+def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, teacher: tuple | None,
+                 reference: tuple | None) -> Array:
+    """The method's loss from the student's views (projected for SCT), the updated queues, the
+    teacher's (view1[, view2]) and the reference's (view1, view2) embeddings."""
+    m = cfg.method
+    if m == "congen":
+        return losses.congen_loss(teacher[0], z1, z2, queues[0].values, cfg.teacher_temperature,
+                                  cfg.student_temperature, cfg.alpha)
+    if m == "ckd":
+        return losses.contrastive_distillation_loss(iq.slots_of_last(queues[0], z1.shape[0]), z1, queues[0].values,
+                                                    cfg.student_temperature)
+    if m in ("l2", "dual_l2", "skd"):
+        loss = losses.mse_loss(z1, teacher[0])
+        if m in ("dual_l2", "skd"):
+            loss = loss + losses.mse_loss(z2, teacher[0])
+        if m == "skd":
+            loss = loss + losses.mse_loss(z1, z2)
+        return loss
+    d1, d2 = queues[0].values, queues[1].values
+    loss = losses.sct_loss(z1, z2, *reference, d1, d2, cfg.reference_temperature, cfg.online_temperature)
+    if m == "sct_distill":
+        loss = loss + losses.sct_loss(z1, z2, *teacher, d1, d2, cfg.reference_temperature, cfg.online_temperature)
+    return loss
+
+
+def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Module, optimizer,
+                 cfg: QueueDistillConfig, teacher_module: nn.Module | None = None):
+    """One optimizer step of the configured method; the queues are updated in the same step."""
+    rng = jax.random.fold_in(rng, state.step)
+    # Distributions over the queue use cosine similarity (ConGen eq. 1; SCT: "all encoder outputs
+    # are normalized"), also for models without a Normalize module; the L2 baselines compare the
+    # embeddings as the models give them.
+    norm = (lambda x: x) if cfg.method in ("l2", "dual_l2", "skd") else l2_normalize  # noqa: E731
+    teacher = None
+    if cfg.needs_cached_teacher:
+        teacher = (norm(batch["teacher_view1"].astype(jnp.float32)),)
+    if cfg.method == "sct_distill":  # view1 (the sentence) is cached; view2 is a fresh augmentation
+        view2 = teacher_module.apply({"params": state.teacher}, batch["view2_input_ids"], batch["view2_attention_mask"])
+        teacher = (teacher[0], jax.lax.stop_gradient(norm(view2.astype(jnp.float32))))
+    projector = Projector(cfg.projector_layers, cfg.projector_expansion)
+
+    def loss_fn(params):
+        e1, e2 = (norm(e) for e in _embed(module, params["tower"], batch, rng))
+        queues, reference = state.queues, None
+        if cfg.method in _TEACHER_QUEUE:
+            queues = (iq.enqueue(queues[0], teacher[0]),)
+        if cfg.method in _SCT:
+            # References: the student's own encoder outputs (identical weights), no gradient.
+            reference = (e1, e2) if cfg.reference_dropout else _embed(module, params["tower"], batch, rng, deterministic=True)
+            reference = tuple(jax.lax.stop_gradient(norm(r)) for r in reference)
+            source = teacher if cfg.method == "sct_distill" else reference
+            queues = (iq.enqueue(queues[0], source[0]), iq.enqueue(queues[1], source[1]))
+            e1 = l2_normalize(projector.apply({"params": params["projector"]}, e1))
+            e2 = l2_normalize(projector.apply({"params": params["projector"]}, e2))
+        return distill_loss(cfg, e1, e2, queues, teacher, reference), queues
+
+    (loss, queues), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state, queues=queues), metrics
+
+
+# ------------------------------------------------------------------------------------------------
+# Teacher embeddings, cached on disk.
+
+
+def params_fingerprint(params) -> str:
+    """sha256 over every parameter's path, shape, dtype and bytes: the teacher's identity."""
+    h = hashlib.sha256()
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0], key=lambda x: str(x[0])):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.shape}|{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def texts_fingerprint(texts) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, batch_size: int = 128) -> np.ndarray:
+    """teacher.encode(texts) ([N, D] float32), read from / written to `cache_dir` under a key of
+    the teacher (weights, pooling, max length) and the texts."""
+    cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "sentemb_jax", "teacher_embeddings")
+    identity = {"params": params_fingerprint(teacher.params), "module": repr(teacher.module),
+                "max_length": teacher.max_seq_length, "texts": texts_fingerprint(texts), "rows": len(texts)}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    path = os.path.join(cache_dir, f"teacher_{key}.npy")
+    if os.path.isfile(path):
+        out = np.load(path, allow_pickle=False)
+        if out.shape[0] == len(texts):
+            log.info("teacher embeddings from the cache %s", path)
+            return out
+        log.warning("%s: %d rows for %d texts; recomputing", path, out.shape[0], len(texts))
+    out = np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None), np.float32)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}.npy"
+    np.save(tmp, out)
+    os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+    with open(os.path.join(cache_dir, f"teacher_{key}.json"), "w") as f:
+        json.dump(identity, f, indent=1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The train loop's hooks (sentemb_jax.training.trainer.train(distill=...)).
+
+
+class QueueDistillMethod:
+    """What the canonical train loop needs to run a queue-distillation method."""
+
+    sides = SIDES
+
+    def __init__(self, cfg: QueueDistillConfig, sequence_length: int, seed: int = 0):
+        self.cfg = cfg
+        self.seed = seed
+        self.sequence_length = sequence_length
+        self.teacher = None
+        self.teacher_rows = None  # [N, D]: the teacher's view1 embedding of every row of the task
+
+    def prepare(self, task_name: str, student) -> None:
+        """Load the teacher; embed (or read from the cache) every training sentence."""
+        from sentemb_jax.data.files import read_rows
+        from sentemb_jax.encoder import SentenceEncoder
+
+        import seqio
+
+        cfg = self.cfg
+        if cfg.teacher:
+            self.teacher = SentenceEncoder.from_pretrained(cfg.teacher, max_seq_length=self.sequence_length)
+            if cfg.method in _SCT and self.teacher.get_sentence_embedding_dimension() != student.get_sentence_embedding_dimension():
+                raise ValueError(f"{cfg.method}: the teacher ({self.teacher.get_sentence_embedding_dimension()}-d) and the "
+                                 f"student ({student.get_sentence_embedding_dimension()}-d) must embed in one space")
+            if cfg.method == "sct_distill" and self.teacher.tokenizer.hf.get_vocab() != student.tokenizer.hf.get_vocab():
+                raise ValueError("sct_distill runs the teacher on the student's token ids: they need one vocabulary")
+        if cfg.needs_cached_teacher or cfg.queue_init == "data":
+            source = seqio.get_mixture_or_task(task_name).source
+            texts = [row["text"] for row in read_rows(source.index("train"))]
+            self.teacher_rows = cached_teacher_embeddings(self.teacher, texts, cfg.cache_dir, cfg.teacher_batch_size)
+
+    def student_projection(self, width: int) -> int | None:
+        """ConGen's student projection (Linear + tanh to the teacher's width) when the widths differ."""
+        if self.teacher is None or self.cfg.method in _SCT:
+            return None
+        target = self.teacher.get_sentence_embedding_dimension()
+        return target if target != width else None
+
+    def model_batch(self, batch: dict) -> dict:
+        out = {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in SIDES and k.endswith(("_input_ids", "_attention_mask"))}
+        if self.cfg.needs_cached_teacher:
+            out["teacher_view1"] = self.teacher_rows[np.asarray(batch["row_id"])]
+        return out
+
+    def _initial_queues(self, dim: int) -> tuple:
+        cfg = self.cfg
+        rng = np.random.default_rng(self.seed)
+        init = cfg.queue_init or ("random" if cfg.method in _SCT else "data")
+        out = []
+        for _ in range(cfg.queue_count):
+            if init == "data":
+                rows = self.teacher_rows
+                pick = rng.choice(len(rows), cfg.queue_size, replace=cfg.queue_size > len(rows))
+                values = rows[pick]
+            else:
+                values = iq.random_unit_rows(rng, cfg.queue_size, dim)
+            out.append(iq.new_queue(values))
+        return tuple(out)
+
+    def build_step(self, module: nn.Module, optimizer, mesh: Mesh, example: dict, rules=partitioning.LOGICAL_AXIS_RULES):
+        """(jitted step with explicit in/out shardings, abstract state, state shardings)."""
+        cfg = self.cfg
+        ids, mask = example["view1_input_ids"][:1], example["view1_attention_mask"][:1]
+        replicated = NamedSharding(mesh, P())
+        boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids, mask))["params"]
+        tower = nn.meta.unbox(boxed)
+        param_shardings = {"tower": partitioning.mesh_shardings(partitioning.logical_specs(boxed), mesh, rules)}
+        abstract_params = {"tower": tower}
+        dim = jax.eval_shape(lambda p: module.apply({"params": p}, ids, mask), tower).shape[-1]
+        if cfg.method in _SCT:
+            proj = jax.eval_shape(lambda: Projector(cfg.projector_layers, cfg.projector_expansion).init(
+                jax.random.PRNGKey(0), jnp.zeros((1, dim))))["params"]
+            abstract_params["projector"] = proj
+            param_shardings["projector"] = jax.tree_util.tree_map(lambda _: replicated, proj)
+        abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+        opt_shardings = partitioning.derive_state_shardings(abstract_opt, abstract_params, param_shardings, mesh)
+        queue_dim = self.teacher_rows.shape[1] if self.teacher_rows is not None else dim
+        abstract_queues = tuple(iq.InstanceQueue(values=jax.ShapeDtypeStruct((cfg.queue_size, queue_dim), jnp.float32),
+                                                 pointer=jax.ShapeDtypeStruct((), jnp.int32))
+                                for _ in range(cfg.queue_count))
+        queue_shardings = tuple(iq.queue_sharding(mesh, cfg.queue_size, cfg.shard_queue_min_entries)
+                                for _ in range(cfg.queue_count))
+        teacher_module, abstract_teacher, teacher_shardings = None, None, None
+        if cfg.method == "sct_distill":
+            teacher_module = self.teacher.module
+            boxed_t = jax.eval_shape(lambda: teacher_module.init(jax.random.PRNGKey(0), ids, mask))["params"]
+            abstract_teacher = nn.meta.unbox(boxed_t)
+            teacher_shardings = partitioning.mesh_shardings(partitioning.logical_specs(boxed_t), mesh, rules)
+        abstract = DistillState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
+                                queues=abstract_queues, teacher=abstract_teacher)
+        shardings = DistillState(step=replicated, params=param_shardings, opt_state=opt_shardings, queues=queue_shardings,
+                                 teacher=teacher_shardings)
+        self._dim = dim
+        step = jax.jit(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg,
+                                         teacher_module=teacher_module),
+                       in_shardings=(shardings, partitioning.batch_sharding(mesh), replicated),
+                       out_shardings=(shardings, replicated), donate_argnums=(0,))
+        return step, abstract, shardings
+
+    def initial_state(self, tower_params, optimizer, shardings: DistillState) -> DistillState:
+        cfg = self.cfg
+        params = {"tower": tower_params}
+        if cfg.method in _SCT:
+            params["projector"] = Projector(cfg.projector_layers, cfg.projector_expansion).init(
+                jax.random.PRNGKey(self.seed + 1), jnp.zeros((1, self._dim)))["params"]
+        copy = jax.jit(lambda p: jax.tree_util.tree_map(jnp.copy, p), out_shardings=shardings.params)
+        params = copy(params)
+        opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+        queues = tuple(jax.device_put(q, s) for q, s in zip(self._initial_queues(self._dim), shardings.queues))
+        teacher = None if cfg.method != "sct_distill" else jax.device_put(self.teacher.params, shardings.teacher)
+        return DistillState(step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step), params=params,
+                            opt_state=opt_state, queues=queues, teacher=teacher)
+
+
+# ------------------------------------------------------------------------------------------------
+# The README's default job: distil, then the STS table of teacher, student before and after.
+
+
+@gin.configurable(module="sentemb_jax")
+def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, student_layers: int = 3,
+                   data_dir: str | None = None, train=gin.REQUIRED, sickr_test_path: str | None = None) -> dict:
+    """Score the teacher and the student before training (its first `student_layers` layers) on the
+    STS table, run `train` (a configured sentemb_jax.train, e.g. ConGen), score the best student by
+    STS-B dev; print the three rows; write model_dir/{student (the model), results.md,
+    sts_teacher_student.png, stsb_dev_curve.png}. Scores of a finished part are reused on a rerun."""
+    from sentemb_jax.data.files import default_data_dir
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.evaluation import plots
+    from sentemb_jax.evaluation.jobs import sts_scores
+    from sentemb_jax.evaluation.report import sts_rows_table
+    from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
+
+    data_dir = data_dir or default_data_dir()
+    student_dir = os.path.join(model_dir, "student")
+
+    def scored(name: str, make) -> dict:
+        label = {"teacher": teacher, "student_before": f"{teacher} (first {student_layers} layers)",
+                 "student_after": student_dir}[name]
+        return sts_scores(label, os.path.join(model_dir, "eval", name), data_dir, make, sickr_test_path)
+
+    teacher_encoder = SentenceEncoder.from_pretrained(teacher)
+    rows = {"teacher": scored("teacher", lambda: teacher_encoder),
+            "student before": scored("student_before", lambda: teacher_encoder.first_layers(student_layers))}
+    result = train(export_dir=student_dir)
+    rows["student after"] = scored("student_after", lambda: SentenceEncoder.from_pretrained(student_dir))
+    labels = {**TASK_LABELS, "avg": "Avg"}
+    table = sts_rows_table(rows)
+    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+        history = [json.loads(line) for line in f]  # also right when a rerun found the training done
+    curve = [c for c in history if "stsb_dev_spearman" in c]
+    best = max(curve, key=lambda c: c["stsb_dev_spearman"]) if curve else {}
+    note = (f"Student: the first {student_layers} layers of {teacher}, trained {history[-1]['step']} steps "
+            f"({history[-1]['train_seconds'] / 60:.1f} min of training); best STS-B dev "
+            f"{best.get('stsb_dev_spearman', float('nan')):.2f} at step {best.get('step')}. STS: Spearman x 100.")
+    print("\n" + table + "\n\n" + note)
+    with open(os.path.join(model_dir, "results.md"), "w") as f:
+        f.write(table + "\n\n" + note + "\n")
+    shown = [t for t in (*STS_TASKS, "avg") if all(r.get(t) is not None for r in rows.values())]  # no SICK-R test here
+    plots.plot_grouped_bars({n: {labels.get(t, t): r[t] for t in shown} for n, r in rows.items()},
+                            os.path.join(model_dir, "sts_teacher_student.png"), "STS: teacher, student before / after")
+    plots.plot_curve([c["train_seconds"] / 60 for c in curve], [c["stsb_dev_spearman"] for c in curve],
+                     os.path.join(model_dir, "stsb_dev_curve.png"), "Student STS-B dev during training",
+                     "training minutes", "Spearman x 100")
+    return {"sts": rows, "train": result}

@@ -1,0 +1,253 @@
+"""Queue-based distillation (ConGen, SCT, baselines): the FIFO queue (also sharded on 8 simulated
+devices), the losses against numpy, layer dropping, and tiny runs of the gin jobs end to end."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+
+from hf_models import make_minilm_shaped_bert
+from sentemb_jax import losses
+from sentemb_jax.methods import instance_queue as iq
+from sentemb_jax.methods.queue_distill import QueueDistillConfig, distill_loss
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _unit(rng, n, d):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def test_fifo_order_after_wrap_around():
+    q = iq.new_queue(np.arange(10, dtype=np.float32).reshape(5, 2))
+    first = np.array([[100, 100], [101, 101], [102, 102]], np.float32)
+    q = iq.enqueue(q, first)
+    assert int(q.pointer) == 3
+    second = np.array([[200, 200], [201, 201], [202, 202]], np.float32)
+    q = iq.enqueue(q, second)  # slots 3, 4, then wraps to 0
+    assert int(q.pointer) == 1
+    np.testing.assert_array_equal(np.asarray(q.values)[:, 0], [202, 101, 102, 200, 201])
+    np.testing.assert_array_equal(np.asarray(iq.in_order(q))[:, 0], [101, 102, 200, 201, 202])  # oldest first
+    np.testing.assert_array_equal(np.asarray(iq.slots_of_last(q, 3)), [3, 4, 0])
+    # A batch as large as the queue replaces everything, in order.
+    full = np.arange(300, 305, dtype=np.float32)[:, None].repeat(2, axis=1)
+    np.testing.assert_array_equal(np.asarray(iq.in_order(iq.enqueue(q, full)))[:, 0], full[:, 0])
+    with pytest.raises(ValueError, match="6 rows into a queue of 5"):
+        iq.enqueue(q, np.zeros((6, 2), np.float32))
+
+
+_SHARDED_SCRIPT = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from sentemb_jax import losses
+from sentemb_jax.methods import instance_queue as iq
+from sentemb_jax.partitioning import make_mesh
+mesh = make_mesh(data=8)
+rng = np.random.default_rng(0)
+unit = lambda n: (lambda x: x / np.linalg.norm(x, axis=1, keepdims=True))(rng.standard_normal((n, 16)).astype(np.float32))
+start, batches = unit(64), [unit(24) for _ in range(5)]
+students = [unit(24) for _ in range(5)]
+shardings = iq.queue_sharding(mesh, 64, shard_min_entries=8)
+def step(q, t, s):
+    q = iq.enqueue(q, t)
+    return q, losses.congen_loss(t, s, s[::-1], q.values, 0.05, 0.07, 0.5)
+rows = NamedSharding(mesh, P("data"))
+sharded = jax.jit(step, in_shardings=(shardings, rows, rows), out_shardings=(shardings, NamedSharding(mesh, P())))
+plain = jax.jit(step)
+qs, qp = jax.device_put(iq.new_queue(start), shardings), iq.new_queue(start)
+out = {"spec": str(qs.values.sharding.spec), "loss_diff": 0.0}
+for t, s in zip(batches, students):
+    qs, ls = sharded(qs, t, s)
+    qp, lp = plain(qp, t, s)
+    out["loss_diff"] = max(out["loss_diff"], abs(float(ls) - float(lp)))
+out["spec_after"] = str(qs.values.sharding.spec)
+out["values_equal"] = bool(np.array_equal(np.asarray(qs.values), np.asarray(qp.values)))
+out["pointer"] = [int(qs.pointer), int(qp.pointer)]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_sharded_queue_equals_unsharded():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT "):])
+    assert r["spec"] in ("P('data', None)", "PartitionSpec('data', None)") and r["spec_after"] == r["spec"]  # rows stay split over 8 devices
+    assert r["values_equal"] and r["pointer"] == [(5 * 24) % 64] * 2  # wrapped around twice
+    assert r["loss_diff"] <= 2e-5  # losses ~4: float32 sums in another order across the 8 row blocks
+
+
+def test_distribution_losses_equal_numpy():
+    rng = np.random.default_rng(0)
+    t, c, g, q = _unit(rng, 3, 4), _unit(rng, 3, 4), _unit(rng, 3, 4), _unit(rng, 5, 4)
+    pt = np.exp(_log_softmax(t @ q.T / 0.05))
+    ce = lambda s: float(np.mean(-(pt * _log_softmax(s @ q.T / 0.07)).sum(axis=1)))  # noqa: E731
+    want = 0.3 * ce(c) + 0.7 * ce(g)
+    assert float(losses.congen_loss(t, c, g, q, 0.05, 0.07, alpha=0.3)) == pytest.approx(want, rel=1e-5)
+    kl = float(np.mean((pt * (np.log(pt) - _log_softmax(c @ q.T / 0.07))).sum(axis=1)))
+    assert float(losses.distribution_kl(t @ q.T / 0.05, c @ q.T / 0.07)) == pytest.approx(kl, rel=1e-5)
+    # CKD: InfoNCE with the positive at a known slot.
+    slots = np.array([4, 0, 2])
+    ls = _log_softmax(c @ q.T / 0.05)
+    assert float(losses.contrastive_distillation_loss(slots, c, q, 0.05)) == pytest.approx(-ls[[0, 1, 2], slots].mean(), rel=1e-5)
+    assert float(losses.mse_loss(c, g)) == pytest.approx(float(np.mean((c - g) ** 2)), rel=1e-6)
+
+
+def test_sct_loss_is_cross_view_kl():
+    rng = np.random.default_rng(1)
+    z1, z2, r1, r2 = (_unit(rng, 4, 6) for _ in range(4))
+    d1, d2 = _unit(rng, 7, 6), _unit(rng, 7, 6)
+
+    def kl(target, logits):
+        p = np.exp(_log_softmax(target))
+        return np.mean((p * (np.log(p) - _log_softmax(logits))).sum(axis=1))
+
+    # c1 = SR(z1, D2), c2 = SR(z2, D1); c1_ref = SR(r1, D1), c2_ref = SR(r2, D2)  (SCT Sec. 3.2-3.3)
+    want = 0.5 * kl(r2 @ d2.T / 0.02, z1 @ d2.T / 0.03) + 0.5 * kl(r1 @ d1.T / 0.02, z2 @ d1.T / 0.03)
+    got = float(losses.sct_loss(z1, z2, r1, r2, d1, d2, 0.02, 0.03))
+    assert got == pytest.approx(want, rel=1e-5)
+    # The reference side gets no gradient (stop-gradient, SCT eq. 2).
+    g = jax.grad(lambda r: losses.sct_loss(z1, z2, r, r2, d1, d2, 0.02, 0.03))(jnp.asarray(r1))
+    assert float(jnp.abs(g).max()) == 0.0
+
+
+def test_baseline_switch_terms():
+    rng = np.random.default_rng(2)
+    t, c, g = _unit(rng, 3, 4), _unit(rng, 3, 4), _unit(rng, 3, 4)
+    mse = lambda a, b: float(np.mean((a - b) ** 2))  # noqa: E731
+    loss = lambda m: float(distill_loss(QueueDistillConfig(method=m, teacher="t"), c, g, (), (t,), None))  # noqa: E731
+    assert loss("l2") == pytest.approx(mse(c, t), rel=1e-6)
+    assert loss("dual_l2") == pytest.approx(mse(c, t) + mse(g, t), rel=1e-6)
+    assert loss("skd") == pytest.approx(mse(c, t) + mse(g, t) + mse(c, g), rel=1e-6)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        QueueDistillConfig(method="congen")
+    with pytest.raises(ValueError, match="method 'seed'"):
+        QueueDistillConfig(method="seed", teacher="t")
+
+
+def test_first_layers_is_the_teachers_intermediate_layer(tmp_path, minilm_dir):
+    from sentemb_jax.encoder import SentenceEncoder
+
+    hf = make_minilm_shaped_bert(tmp_path / "t", minilm_dir, layers=4)
+    student = SentenceEncoder.from_pretrained(str(tmp_path / "t")).first_layers(2)
+    texts = ["A man is playing a guitar.", "Two dogs run on the beach near the water."]
+    enc = student.tokenizer(texts)
+    with torch.no_grad():
+        hidden = hf(input_ids=torch.tensor(np.asarray(enc["input_ids"])), attention_mask=torch.tensor(np.asarray(enc["attention_mask"])),
+                    output_hidden_states=True).hidden_states[2].numpy()
+    mask = np.asarray(enc["attention_mask"])[..., None]
+    want = (hidden * mask).sum(1) / mask.sum(1)
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    np.testing.assert_allclose(student.encode(texts), want, atol=2e-5)
+    student.save_pretrained(str(tmp_path / "s"))
+    assert SentenceEncoder.from_pretrained(str(tmp_path / "s")).config.num_hidden_layers == 2
+    with pytest.raises(ValueError, match="has 4 encoder layers"):
+        SentenceEncoder.from_pretrained(str(tmp_path / "t")).first_layers(5)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny runs of the gin jobs: a 4-layer random teacher, its first layer as the student.
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, data_dir, minilm_dir):
+    root = tmp_path_factory.mktemp("qd")
+    make_minilm_shaped_bert(root / "teacher", minilm_dir, layers=4, seed=0)
+    make_minilm_shaped_bert(root / "teacher2", minilm_dir, layers=4, seed=1)
+    files = []
+    for name, rel, n in (("nli.tsv", "nli/sentences.tsv", 150), ("wiki.tsv", "unlabelled/wiki1m_head.tsv", 90)):
+        lines = open(os.path.join(data_dir, rel), encoding="utf-8").read().splitlines()
+        header = lines[0].split("\t")
+        col = header.index("sentence")
+        (root / name).write_text("sentence\n" + "\n".join(line.split("\t")[col] for line in lines[1 : n + 1]) + "\n",
+                                 encoding="utf-8")
+        files.append(str(root / name))
+    return root, files
+
+
+def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=()):
+    cmd = [sys.executable, "-m", "sentemb_jax.main", f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{out}'",
+           f"--gin.TEACHER='{root / teacher}'", "--gin.STUDENT_LAYERS=1", f"--gin.DATA_DIR='{data_dir}'",
+           f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': {files!r}}}", "--gin.NUM_STEPS=6",
+           "--gin.sentemb_jax.train.batch_size=16", "--gin.sentemb_jax.train.sequence_length=32",
+           "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.train.checkpoint_every=3",
+           "--gin.sentemb_jax.train.log_every=1", "--gin.sentemb_jax.learning_rate_schedule.peak=1e-3",
+           "--gin.sentemb_jax.QueueDistillConfig.queue_size=40",
+           f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / 'cache'}'", *extra]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f]
+    manager = ocp.CheckpointManager(os.path.join(out, "checkpoints"))
+    state = manager.restore(manager.latest_step(), args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    return lines, state
+
+
+def test_congen_job_caches_teacher_per_teacher_and_fills_the_queue(tiny, tmp_path, data_dir):
+    from sentemb_jax.encoder import SentenceEncoder
+
+    root, files = tiny
+    lines, state = _run("gin/congen.gin", root, files, str(tmp_path / "congen"), data_dir)
+    assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
+    # The cache: the teacher's embedding of every row, the two files read as one (row ids run across them).
+    cached = [f for f in os.listdir(root / "cache") if f.endswith(".npy")]
+    assert len(cached) == 1
+    rows = np.load(root / "cache" / cached[0])
+    texts = [line for f in files for line in open(f, encoding="utf-8").read().splitlines()[1:]]
+    assert rows.shape == (240, 32)
+    teacher = SentenceEncoder.from_pretrained(str(root / "teacher"), max_seq_length=32)
+    np.testing.assert_allclose(rows[[0, 149, 150, 239]], teacher.encode([texts[i] for i in (0, 149, 150, 239)]), atol=1e-5)
+    # Queue: 6 steps x 16 teacher rows into 40 slots; every entry is a teacher row.
+    (queue,) = state["queues"]
+    assert int(queue["pointer"]) == (6 * 16) % 40
+    values = np.asarray(queue["values"])
+    assert np.abs(values[:, None, :] - rows[None]).max(axis=2).min(axis=1).max() <= 1e-6
+    assert "projection" not in state["params"]["tower"]  # same width as the teacher: no student head
+    # Another teacher never reuses this cache. (This student starts from random weights.)
+    _, state2 = _run("gin/congen.gin", root, files, str(tmp_path / "congen2"), data_dir, teacher="teacher2",
+                     extra=["--gin.sentemb_jax.train.init_random=True"])
+    assert len([f for f in os.listdir(root / "cache") if f.endswith(".npy")]) == 2
+    from safetensors.numpy import load_file
+
+    word = load_file(str(root / "teacher2" / "model.safetensors"))["embeddings.word_embeddings.weight"]
+    tables = [np.asarray(x) for x in jax.tree_util.tree_leaves(state2["params"]["tower"]) if np.shape(x) == word.shape]
+    assert len(tables) == 1 and np.abs(tables[0] - word).max() > 0.1  # not the teacher's (lr 1e-3 x 6 steps moves < 0.01)
+
+
+@pytest.mark.parametrize("gin_file", ["gin/sct.gin", "gin/sct_distill.gin"])
+def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_file):
+    root, files = tiny
+    lines, state = _run(gin_file, root, files, str(tmp_path / "sct"), data_dir,
+                        extra=["--gin.sentemb_jax.QueueDistillConfig.projector_expansion=2",
+                               # self-supervised: references from a dropout-free pass
+                               f"--gin.sentemb_jax.QueueDistillConfig.reference_dropout={gin_file.endswith('sct_distill.gin')}"])
+    assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
+    q1, q2 = state["queues"]
+    assert int(q1["pointer"]) == int(q2["pointer"]) == (6 * 16) % 40
+    # Filled by the two views' references: different rows, unit length.
+    v1, v2 = np.asarray(q1["values"]), np.asarray(q2["values"])
+    assert not np.allclose(v1, v2)
+    np.testing.assert_allclose(np.linalg.norm(v1, axis=1), 1.0, atol=1e-5)
+    assert np.asarray(state["params"]["projector"]["block0_up"]["kernel"]).shape == (32, 64)
+    assert bool(state.get("teacher")) == gin_file.endswith("sct_distill.gin")  # the teacher runs inside the step
+
+
+def test_warmup_fraction_schedule():
+    from sentemb_jax.training.optimizers import learning_rate_schedule
+
+    s = learning_rate_schedule(peak=1e-3, total_steps=100, warmup_fraction=0.1)
+    assert [float(s(i)) for i in (0, 5, 10, 55, 100)] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
+    with pytest.raises(ValueError, match="warmup_fraction=1.5"):
+        learning_rate_schedule(total_steps=100, warmup_fraction=1.5)
