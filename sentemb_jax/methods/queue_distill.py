@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sentemb_jax import losses, partitioning
 from sentemb_jax.methods import instance_queue as iq
 from sentemb_jax.pooling import l2_normalize
-from sentemb_jax.training.step import embed_packed, embed_side
+from sentemb_jax.training.step import embed_packed, embed_side, side_features
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -285,7 +285,7 @@ class QueueDistillMethod:
         return target if target != width else None
 
     def model_batch(self, batch: dict) -> dict:
-        out = {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in SIDES and k.endswith(("_input_ids", "_attention_mask"))}
+        out = side_features(batch, SIDES)
         if self.cfg.needs_cached_teacher:
             out["teacher_view1"] = self.teacher_rows[np.asarray(batch["row_id"])]
         return out

@@ -90,6 +90,11 @@ def sides_of(cfg: ContrastiveConfig) -> list[str]:
     return [cfg.anchor, cfg.positive] + ([cfg.negative] if cfg.negative else [])
 
 
+def side_features(batch: dict, sides) -> dict:
+    """The `<side>_input_ids` / `<side>_attention_mask` arrays of a pipeline batch (what a step takes)."""
+    return {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in sides and k.endswith(("_input_ids", "_attention_mask"))}
+
+
 def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg: ContrastiveConfig) -> Array:
     duplicates = None
     if cfg.mask_duplicates:

@@ -41,7 +41,7 @@ from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training.optimizers import make_optimizer
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
-from sentemb_jax.training.step import ContrastiveConfig, TrainState, sides_of
+from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class ContrastiveMethod:
         self.sides = tuple(sides_of(cfg))
 
     def model_batch(self, batch: dict) -> dict:
-        return {k: v for k, v in batch.items()
-                if k.rsplit("_", 2)[0] in self.sides and k.endswith(("_input_ids", "_attention_mask"))}
+        return side_features(batch, self.sides)
 
     def build_step(self, module, optimizer, mesh, example: dict):
         return build_sharded_step(module, optimizer, self.cfg, mesh, example)
