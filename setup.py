@@ -41,5 +41,6 @@ setup(
     package_data={"sentemb_jax": ["../gin/**/*.gin"]},
     python_requires=">=3.10,<3.13",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    # Accelerators (not installed here): the TPU / CUDA builds of this jax (tpu/README.md).
+    extras_require={"test": TEST_REQUIRES, "tpu": ["jax[tpu]==0.10.2"], "cuda": ["jax[cuda12]==0.10.2"]},
 )

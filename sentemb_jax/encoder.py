@@ -68,6 +68,15 @@ class _Layout:
     lowercase: bool = False
 
 
+RUN_FILE = "encoder.json"  # in a training run's MODEL_DIR: how to rebuild its tower (SentenceEncoder.from_run)
+
+
+def transformer_dir_of(path: str) -> str:
+    """The directory of the backbone and its tokenizer files: the Transformer module of a
+    sentence-transformers model, else `path` itself."""
+    return _read_layout(path).transformer_dir
+
+
 def _read_layout(path: str) -> _Layout:
     modules_path = os.path.join(path, "modules.json")
     if not os.path.isfile(modules_path):
@@ -152,6 +161,8 @@ class SentenceEncoder:
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: no such model directory")
+        if os.path.isfile(os.path.join(path, RUN_FILE)):
+            return cls.from_run(path, max_seq_length=max_seq_length)
         layout = _read_layout(path)
         if dtype is not None:
             config_overrides.setdefault("dtype", jnp.dtype(dtype))
@@ -176,6 +187,48 @@ class SentenceEncoder:
             lowercase=layout.lowercase,
         )
         return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf)
+
+    @classmethod
+    def from_run(cls, run_dir: str, which: str = "best", max_seq_length: int | None = None) -> "SentenceEncoder":
+        """The tower of a training run (its MODEL_DIR): the best checkpoint by STS-B dev
+        (`which='best'`, falling back to the latest) or the latest one, on the architecture the
+        run recorded in MODEL_DIR/encoder.json (the model it started from, layers kept, head)."""
+        import orbax.checkpoint as ocp
+
+        arch = _read_json(os.path.join(run_dir, RUN_FILE))
+        if not arch.get("init_from"):
+            raise CheckpointError(f"{run_dir}: a run trained from scratch records no model directory to rebuild its "
+                                  "tower from; export it with train.export_dir (a sentence-transformers directory)")
+        encoder = cls.from_pretrained(arch["init_from"], pooling=arch.get("pooling"), max_seq_length=max_seq_length,
+                                      **arch.get("config_overrides", {}))
+        if arch.get("init_layers"):
+            encoder = encoder.first_layers(arch["init_layers"])
+        if arch.get("projection_dim"):
+            module = encoder.module.clone(projection_dim=arch["projection_dim"], projection_bias=True,
+                                          projection_activation=arch.get("projection_activation"))
+            encoder = cls(module, None, encoder.tokenizer, encoder.hf_config)
+        for kind in ("best", "checkpoints") if which == "best" else ("checkpoints",):
+            manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), kind),
+                                            item_handlers={"state": ocp.StandardCheckpointHandler()})
+            step = manager.latest_step()
+            if step is not None:
+                break
+        else:
+            raise CheckpointError(f"{run_dir}: no checkpoint under {run_dir}/best or {run_dir}/checkpoints")
+        # Onto this host's first device, whatever topology wrote it (a multi-host run included).
+        meta = manager.item_metadata(step)["state"]
+        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                                        getattr(meta, "tree", meta))
+        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+        tower = restored["params"]["tower"]
+        if encoder.params is not None:
+            want = jax.tree_util.tree_structure(encoder.params)
+            if jax.tree_util.tree_structure(tower) != want:
+                raise CheckpointError(f"{run_dir}/{kind}/{step}: its tower does not match the architecture in {RUN_FILE}")
+        encoder.params = jax.tree_util.tree_map(np.asarray, tower)
+        log.info("tower of %s: %s step %d", run_dir, kind, step)
+        return encoder
 
     @property
     def config(self) -> ModelConfig:

@@ -111,3 +111,37 @@ def sct_loss(online_1: Array, online_2: Array, reference_1: Array, reference_2: 
     c1_ref = queue_logits(reference_1, queue_1, reference_temperature)
     c2_ref = queue_logits(reference_2, queue_2, reference_temperature)
     return (distribution_kl(c2_ref, c1) + distribution_kl(c1_ref, c2)) / 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Ensemble distillation (the round-trip-translation ensemble paper, eq. 3-4 and its Table 4).
+
+REGRESSION_LOSSES = ("mae", "mse", "smooth_l1", "kl")
+
+
+def ensemble_distillation_loss(student: Array, teacher: Array, weight: float = 0.1, temperature: float = 0.3,
+                               regression: str = "mae") -> Array:
+    """weight * InfoNCE(student, teacher; tau) + (1 - weight) * regression(student, teacher).
+
+    InfoNCE: student embedding i against every teacher embedding of the batch (cosine / tau), the
+    positive being teacher i (teacher fixed). regression (eq. 4 and Table 4's ablation): 'mae' mean
+    absolute error over all elements (torch's L1Loss), 'mse', 'smooth_l1' (Huber, beta 1), or 'kl'
+    KL(softmax(t_i . t_j / tau) || softmax(s_i . t_j / tau)) over the batch.
+    """
+    s = student.astype(jnp.float32)
+    t = jax.lax.stop_gradient(teacher.astype(jnp.float32))
+    sn = s / jnp.linalg.norm(s, axis=-1, keepdims=True)
+    tn = t / jnp.linalg.norm(t, axis=-1, keepdims=True)
+    logits = sn @ tn.T / temperature
+    info_nce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(s.shape[0])))
+    if regression == "mae":
+        reg = jnp.mean(jnp.abs(s - t))
+    elif regression == "mse":
+        reg = jnp.mean(jnp.square(s - t))
+    elif regression == "smooth_l1":
+        reg = jnp.mean(optax.huber_loss(s, t, delta=1.0))
+    elif regression == "kl":
+        reg = distribution_kl(tn @ tn.T / temperature, logits)
+    else:
+        raise ValueError(f"regression {regression!r}: choose from {REGRESSION_LOSSES}")
+    return weight * info_nce + (1.0 - weight) * reg

@@ -1,8 +1,9 @@
 """Job runner: `python -m sentemb_jax.main --gin_file=gin/<job>.gin [--gin.KEY=VALUE ...]`.
 
 The job (evaluate, and later train / export / distill ...) is chosen in gin through `run.job`.
-Bad gin (unknown binding, syntax error, missing required value) -> a message naming the key on
-stderr and exit code 2.
+Bad gin (unknown binding, syntax error, missing required value, a value of the wrong type) -> a
+message naming the key on stderr and exit code 2. A bad input found by the job (data file,
+checkpoint, model directory, a config's validation) -> its message and exit code 1.
 """
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import argparse
 import logging
 import os
 import sys
+import tokenize
+import traceback
+import types
+import typing
 
 import gin
 
@@ -24,8 +29,11 @@ class UsageError(Exception):
 
 def register_configurables() -> None:
     """Import every module that defines gin configurables, so bindings can name them."""
+    import sentemb_jax.distributed  # noqa: F401
     import sentemb_jax.evaluation.jobs  # noqa: F401
+    import sentemb_jax.export  # noqa: F401
     import sentemb_jax.jobs  # noqa: F401
+    import sentemb_jax.methods.ensemble  # noqa: F401
     import sentemb_jax.methods.queue_distill  # noqa: F401
     import sentemb_jax.methods.trans_encoder  # noqa: F401
     import sentemb_jax.training.trainer  # noqa: F401
@@ -59,8 +67,67 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
             raise UsageError(f"--gin_file={f}: no such file")
     try:
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
-    except (ValueError, SyntaxError, KeyError, TypeError) as e:
+    except (ValueError, SyntaxError, KeyError, TypeError, tokenize.TokenError) as e:  # TokenError: unclosed brackets
         raise UsageError(f"gin configuration error: {e}") from None
+    wrong = binding_type_errors()
+    if wrong:
+        raise UsageError("gin configuration error: " + "; ".join(wrong))
+
+
+_SIMPLE = {int: "int", float: "float", str: "str", bool: "bool", type(None): "None"}
+
+
+def _fits(value, hint) -> bool | None:
+    """Whether `value` fits a simple annotation (int, float, str, bool, None and unions of
+    them); None when the annotation is not one we check (containers, classes, Any...)."""
+    if hint in _SIMPLE:
+        if hint is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if hint is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        fits = [_fits(value, h) for h in typing.get_args(hint)]
+        return None if any(f is None for f in fits) and not any(fits) else any(bool(f) for f in fits)
+    return None
+
+
+def binding_type_errors() -> list[str]:
+    """Each gin binding whose value does not fit its parameter's simple annotation, as
+    `selector.param = value: expected T` (a typo like batch_size='128' is caught before the job
+    starts, not deep inside it). References (@f, @f()) are not checked; macros by their value."""
+    from gin import config as gin_config  # the parsed bindings; gin has no public iterator over them
+
+    bindings = gin_config._CONFIG
+
+    def resolve(value, depth=0):
+        ref = value
+        while isinstance(ref, gin_config.ConfigurableReference) and ref.configurable.name == "macro" and depth < 20:
+            ref = bindings.get((ref.scoped_selector.rsplit("/", 1)[0], "gin.macro"), {}).get("value")
+            depth += 1
+        return ref
+
+    errors = []
+    for (_, selector), params in sorted(bindings.items(), key=lambda kv: str(kv[0])):
+        if selector == "gin.macro":
+            continue
+        try:
+            target = gin_config._REGISTRY.get_match(selector).wrapped
+            hints = typing.get_type_hints(target)
+        except Exception:  # noqa: BLE001 - annotations we cannot evaluate are not checked
+            continue
+        for param, value in params.items():
+            value = resolve(value)
+            if param in hints and not isinstance(value, gin_config.ConfigurableReference) \
+                    and _fits(value, hints[param]) is False:
+                errors.append(f"{selector}.{param} = {value!r}: expected {_hint_name(hints[param])}")
+    return errors
+
+
+def _hint_name(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_hint_name(h) for h in typing.get_args(hint))
+    return _SIMPLE.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 @gin.configurable
@@ -82,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         register_configurables()
         files, bindings, search = parse_args(argv)
         parse_gin(files, bindings, search)
+        from sentemb_jax.distributed import initialize_distributed
+
+        initialize_distributed()  # multi-host runs: before anything touches a device
         try:
             run()
         except RuntimeError as e:
@@ -92,7 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError) as e:
+    except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError, ValueError) as e:
+        # Our errors and bad values (ValueError: a config's validation, e.g. QueueDistillConfig)
+        # end the job with their message, not a traceback (SENTEMB_TRACEBACK=1 shows it).
+        if os.environ.get("SENTEMB_TRACEBACK"):
+            traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

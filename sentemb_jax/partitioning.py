@@ -108,6 +108,10 @@ def batch_shards(mesh: Mesh) -> int:
 
 
 def shard_batch(batch: dict, mesh: Mesh) -> dict:
-    """Place a host batch (numpy) on the mesh, split along the batch dimension."""
+    """Place a host batch (numpy) on the mesh, split along the batch dimension. With several
+    processes, `batch` is this process's part: the global batch is every process's part in
+    process order (jax.make_array_from_process_local_data)."""
     sharding = batch_sharding(mesh)
+    if jax.process_count() > 1:
+        return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()}
     return {k: jax.device_put(np.asarray(v), sharding) for k, v in batch.items()}

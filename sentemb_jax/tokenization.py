@@ -29,8 +29,13 @@ def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
     return -(-length // top) * top
 
 
+class InvalidTextError(ValueError):
+    """A text that cannot be tokenised (not valid Unicode); the message names the item."""
+
+
 def check_texts(texts, where: str = "encode") -> list[str]:
-    """A list of strings, or a TypeError naming the first bad item."""
+    """A list of strings, or a TypeError naming the first item that is not one (an
+    InvalidTextError for a string holding a lone surrogate, which no tokenizer can encode)."""
     if isinstance(texts, str):
         raise TypeError(f"{where}: expected a list of strings, got a single str (wrap it in a list)")
     if texts is None:
@@ -39,6 +44,11 @@ def check_texts(texts, where: str = "encode") -> list[str]:
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TypeError(f"{where}: item {i} is {type(t).__name__}, not str: {t!r:.80}")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidTextError(f"{where}: item {i} is not valid Unicode (lone surrogate {t[e.start]!r} at "
+                                   f"character {e.start})") from None
     return texts
 
 

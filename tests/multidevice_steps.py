@@ -1,11 +1,8 @@
 """Run in a subprocess with 8 simulated CPU devices (see test_sharding.py); prints JSON."""
 import json
-import os
-import sys
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sentemb_jax.losses import in_batch_softmax_loss

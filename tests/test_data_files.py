@@ -2,7 +2,6 @@
 import json
 import os
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -122,6 +121,19 @@ def _check_error(e: DataError, path: str):
     assert (":" in msg[len(path):len(path) + 12]) or "byte offset" in msg or "empty file" in msg, msg
 
 
+# Any code point incl. lone surrogates (JSON escapes can spell them) and control characters.
+_ANY_CHAR = st.one_of(st.characters(), st.characters(categories=["Cs", "Cc"]))
+
+
+def test_jsonl_lone_surrogate_is_a_bad_row(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"q": "fine", "a": "ok", "label": "Good"}\n{"q": "bad \\ud800 here", "a": "x", "label": "Good"}\n')
+    spec = FileSpec(str(path), {"anchor": "q", "positive": "a"}, keep={"label": ("Good",)})
+    with pytest.raises(DataError, match=r"s\.jsonl:2: value of 'q' is not valid Unicode \(lone surrogate '\\ud800' at character 4\)"):
+        index_rows(spec)
+    assert read_examples(spec, on_bad_row="skip") == [{"anchor": "fine", "positive": "ok"}]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=400), on_bad_row=st.sampled_from(["error", "skip"]))
 def test_fuzz_tsv_reader_only_raises_data_error(tmp_path, data, on_bad_row):
@@ -139,7 +151,8 @@ def test_fuzz_tsv_reader_only_raises_data_error(tmp_path, data, on_bad_row):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(st.binary(max_size=400),
                       st.lists(st.dictionaries(st.sampled_from(["q", "a", "label", "x"]),
-                                               st.one_of(st.text(), st.integers(), st.none(), st.lists(st.text())), max_size=4),
+                                               st.one_of(st.text(), st.text(_ANY_CHAR), st.integers(), st.none(),
+                                                         st.lists(st.text())), max_size=4),
                                max_size=5).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode())),
        on_bad_row=st.sampled_from(["error", "skip"]))
 def test_fuzz_jsonl_reader_only_raises_data_error(tmp_path, data, on_bad_row):

@@ -5,7 +5,6 @@ import os
 import numpy as np
 import pytest
 import seqio
-import tensorflow as tf
 
 from sentemb_jax.data.files import DataError
 from sentemb_jax.data.pipeline import InputPipeline, to_model_batch
@@ -189,3 +188,60 @@ def test_same_length_pads_every_feature_to_one_bucket():
     out = to_model_batch(batch, ("a", "b"), pad_id=0, buckets=(2, 4, 8), same_length=True)
     assert out["a_input_ids"].shape == out["b_input_ids"].shape == (1, 4)
     np.testing.assert_array_equal(out["b_attention_mask"], [[1, 0, 0, 0]])
+
+
+def test_fixed_view_same_every_epoch_and_precomputable(minilm_dir, tmp_path):
+    """A `fixed:` view is drawn once per sentence: equal in every epoch and seed, and equal to
+    view_texts (what a teacher embeds once), tokenised."""
+    from sentemb_jax.data.tasks import view_texts
+
+    sentences = [f"word{i} alpha beta gamma delta epsilon zeta eta theta iota kappa" for i in range(12)]
+    (tmp_path / "s.tsv").write_text("sentence\n" + "\n".join(sentences) + "\n")
+    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+                           views=("none", "fixed:word_deletion"), augment_rate=0.3, kinds=("sentences",))
+
+    def view2_by_row(seed, epochs):
+        pipe = InputPipeline(names["sentences"], batch_size=4, sequence_length=32, seed=seed, num_epochs=epochs)
+        out = {}
+        for b in pipe:
+            for r, ids, m in zip(b["row_id"], b["view2_input_ids"], b["view2_attention_mask"]):
+                out.setdefault(int(r), set()).add(tuple(ids[: m.sum()].tolist()))
+        return out
+
+    seen = view2_by_row(0, 3)
+    assert sorted(seen) == list(range(12)) and all(len(v) == 1 for v in seen.values())  # one text per row, 3 epochs
+    assert view2_by_row(5, 1) == seen  # and per seed
+    texts = view_texts(names["sentences"], 1)
+    assert view_texts(names["sentences"], 0) == sentences
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    assert {r: {tuple(hf(t)["input_ids"])} for r, t in enumerate(texts)} == seen
+    kept = [len(t.split()) for t in texts]
+    assert all(1 <= k <= 11 for k in kept) and sum(kept) < 12 * 11  # words were deleted
+    with pytest.raises(ValueError, match="fixed:<one of"):
+        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+                       views=("none", "fixed:span_masking"), kinds=("sentences",))
+
+
+def test_state_moves_between_process_counts_with_one_global_batch(tasks):
+    """2 shards x batch 25 -> 1 shard x batch 50: batch k covers the same rows of the global order,
+    and every shard stops an epoch after the global number of full batches (1500 // 50 = 30)."""
+    def pipe(index, shards, batch):
+        return InputPipeline(tasks["sts_pairs"], batch_size=batch, sequence_length=32, seed=4, split="validation",
+                             shard_info=seqio.ShardInfo(index, shards) if shards > 1 else None)
+
+    parts = [pipe(i, 2, 25) for i in range(2)]
+    for p in parts:
+        _take(p, 7)
+    one = pipe(0, 1, 50)
+    one.load_state_dict(parts[0].state_dict())
+    resumed = _take(one, 3)
+    rest = [_take(p, 3) for p in parts]
+    for k in range(3):
+        assert sorted(resumed[k]["row_id"].tolist()) == sorted(rest[0][k]["row_id"].tolist() + rest[1][k]["row_id"].tolist())
+    with pytest.raises(ValueError, match="global batch 50.*global batch 40"):
+        pipe(0, 1, 40).load_state_dict(parts[0].state_dict())
+    counts = [sum(1 for _ in InputPipeline(tasks["sts_pairs"], batch_size=5, sequence_length=32, seed=0, split="validation",
+                                           shard_info=seqio.ShardInfo(i, 7), num_epochs=1)) for i in range(7)]
+    assert counts == [1500 // 35] * 7  # shards of 215 rows would give 43 batches, of 214 rows 42: all stop at 42

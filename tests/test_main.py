@@ -28,6 +28,13 @@ def test_default_job_scores_stsb_dev(tmp_path, data_dir):
     [
         (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
         (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
+        # A value of the wrong type is named before the job starts (not a TypeError deep inside it).
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.batch_size='64'"],
+         "sentemb_jax.evaluate_stsb.batch_size = '64': expected int"),
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.model_dir=3"],
+         "sentemb_jax.evaluate_stsb.model_dir = 3: expected str or None"),
+        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.split=('dev'"],
+         "gin configuration error: ('EOF in multi-line statement'"),
         (["--gin_file=gin/runs/absent.gin"], "gin/runs/absent.gin: no such file"),
         ([], "no --gin_file given"),
         (["--gin_file=gin/runs/eval_stsb_dev.gin", "--oops"], "unrecognised argument '--oops'"),

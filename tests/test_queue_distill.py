@@ -1,5 +1,6 @@
 """Queue-based distillation (ConGen, SCT, baselines): the FIFO queue (also sharded on 8 simulated
 devices), the losses against numpy, layer dropping, and tiny runs of the gin jobs end to end."""
+import itertools
 import json
 import os
 import subprocess
@@ -177,7 +178,7 @@ def tiny(tmp_path_factory, data_dir, minilm_dir):
     return root, files
 
 
-def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=()):
+def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=(), cache="cache", expect_ok=True):
     cmd = [sys.executable, "-m", "sentemb_jax.main", f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{out}'",
            f"--gin.TEACHER='{root / teacher}'", "--gin.STUDENT_LAYERS=1", f"--gin.DATA_DIR='{data_dir}'",
            f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': {files!r}}}", "--gin.NUM_STEPS=6",
@@ -185,8 +186,10 @@ def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=()):
            "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.train.checkpoint_every=3",
            "--gin.sentemb_jax.train.log_every=1", "--gin.sentemb_jax.learning_rate_schedule.peak=1e-3",
            "--gin.sentemb_jax.QueueDistillConfig.queue_size=40",
-           f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / 'cache'}'", *extra]
+           f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / cache}'", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    if not expect_ok:
+        return proc
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(os.path.join(out, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f]
@@ -224,15 +227,29 @@ def test_congen_job_caches_teacher_per_teacher_and_fills_the_queue(tiny, tmp_pat
     word = load_file(str(root / "teacher2" / "model.safetensors"))["embeddings.word_embeddings.weight"]
     tables = [np.asarray(x) for x in jax.tree_util.tree_leaves(state2["params"]["tower"]) if np.shape(x) == word.shape]
     assert len(tables) == 1 and np.abs(tables[0] - word).max() > 0.1  # not the teacher's (lr 1e-3 x 6 steps moves < 0.01)
+    # The run directory loads as a SentenceEncoder: the teacher's first layer + the checkpoint's tower.
+    student = SentenceEncoder.from_pretrained(str(tmp_path / "congen"))
+    assert student.module.backbone_config.num_hidden_layers == 1 and student.params["backbone"].keys() == state["params"]["tower"]["backbone"].keys()
+    for a, b in zip(jax.tree_util.tree_leaves(student.params), jax.tree_util.tree_leaves(state["params"]["tower"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert student.encode(["a man plays a guitar"]).shape == (1, 32)
 
 
-@pytest.mark.parametrize("gin_file", ["gin/sct.gin", "gin/sct_distill.gin"])
-def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_file):
+@pytest.mark.parametrize("gin_file,view2", [("gin/sct.gin", None), ("gin/sct_distill.gin", None),
+                                            ("gin/sct_distill.gin", "word_deletion")])
+def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_file, view2):
+    """sct; sct_distill with its fixed view2 (the teacher's view2 embeddings cached: D2 holds only
+    those rows) and with a view2 drawn anew each epoch (the teacher runs inside the step)."""
     root, files = tiny
-    lines, state = _run(gin_file, root, files, str(tmp_path / "sct"), data_dir,
-                        extra=["--gin.sentemb_jax.QueueDistillConfig.projector_expansion=2",
-                               # self-supervised: references from a dropout-free pass
-                               f"--gin.sentemb_jax.QueueDistillConfig.reference_dropout={gin_file.endswith('sct_distill.gin')}"])
+    distill = gin_file.endswith("sct_distill.gin")
+    extra = ["--gin.sentemb_jax.QueueDistillConfig.projector_expansion=2",
+             # self-supervised: references from a dropout-free pass
+             f"--gin.sentemb_jax.QueueDistillConfig.reference_dropout={distill}"]
+    if view2:
+        extra.append(f"--gin.sentemb_jax.data.register_tasks.views=('none', '{view2}')")
+    cache = root / "cache"
+    before = set(os.listdir(cache)) if cache.is_dir() else set()
+    lines, state = _run(gin_file, root, files, str(tmp_path / "sct"), data_dir, extra=extra)
     assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
     q1, q2 = state["queues"]
     assert int(q1["pointer"]) == int(q2["pointer"]) == (6 * 16) % 40
@@ -241,7 +258,83 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
     assert not np.allclose(v1, v2)
     np.testing.assert_allclose(np.linalg.norm(v1, axis=1), 1.0, atol=1e-5)
     assert np.asarray(state["params"]["projector"]["block0_up"]["kernel"]).shape == (32, 64)
-    assert bool(state.get("teacher")) == gin_file.endswith("sct_distill.gin")  # the teacher runs inside the step
+    online = distill and view2 == "word_deletion"
+    assert bool(state.get("teacher")) == online  # the teacher's weights ride in the state only when it runs in the step
+    if distill and not online:
+        from sentemb_jax.data import augment
+
+        texts = [line for f in files for line in open(f, encoding="utf-8").read().splitlines()[1:]]
+        fixed = augment.fixed_view_texts(texts, "fixed:word_deletion", 0.1, 1)
+        assert sum(a != b for a, b in zip(texts, fixed)) > 100  # 10% word deletion changed most sentences
+        from sentemb_jax.encoder import SentenceEncoder
+
+        teacher = SentenceEncoder.from_pretrained(str(root / "teacher"), max_seq_length=32)
+        want = teacher.encode(fixed)
+        unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+        assert np.abs(v2[:, None, :] - unit[None]).max(axis=2).min(axis=1).max() <= 1e-5  # D2 = cached teacher rows
+        new = {f for f in set(os.listdir(cache)) - before if f.endswith(".npy")}
+        assert len(new) == 1 and np.abs(np.load(cache / new.pop()) - want).max() <= 1e-5
+
+
+def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypatch, capsys):
+    """A NaN in the 5th batch (its teacher embeddings): by default the job stops at step 5 naming the
+    batch's source lines, the last checkpoint (step 3) intact and finite; with
+    train.skip_nonfinite=1 the batch is skipped (state unchanged), counted, and the run finishes.
+    A cache file holding NaN rows is refused when read."""
+    from sentemb_jax import main as runner
+    from sentemb_jax.data.pipeline import InputPipeline
+    from sentemb_jax.data.tasks import register_tasks
+    from sentemb_jax.methods import queue_distill as qd
+
+    root, files = tiny
+    names = register_tasks(model_dir=str(root / "teacher"), data_dir=data_dir, files={"sentences": files},
+                           views=("none", "word_deletion"), kinds=("sentences",))
+    fifth = list(itertools.islice(iter(InputPipeline(names["sentences"], batch_size=16, sequence_length=32, seed=0)), 5))[-1]
+    bad = int(fifth["row_id"][0])  # the first row of the train loop's 5th batch (seed 0: the job's order)
+    where = f"{files[0]}:{bad + 2}" if bad < 150 else f"{files[1]}:{bad - 150 + 2}"  # header = line 1
+    model_batch = qd.QueueDistillMethod.model_batch
+
+    def poisoned(self, batch):
+        out = model_batch(self, batch)
+        if bad in batch["row_id"]:
+            out["teacher_view1"] = out["teacher_view1"].copy()
+            out["teacher_view1"][list(batch["row_id"]).index(bad)] = np.nan
+        return out
+
+    monkeypatch.setattr(qd.QueueDistillMethod, "model_batch", poisoned)
+    args = ["--gin_file=gin/congen.gin", f"--gin.TEACHER='{root / 'teacher'}'", "--gin.STUDENT_LAYERS=1",
+            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': {files!r}}}",
+            "--gin.NUM_STEPS=6", "--gin.sentemb_jax.train.batch_size=16", "--gin.sentemb_jax.train.sequence_length=32",
+            "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.train.checkpoint_every=3",
+            "--gin.sentemb_jax.train.log_every=1", "--gin.sentemb_jax.QueueDistillConfig.queue_size=40",
+            f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / 'cache'}'"]
+    out = tmp_path / "stop"
+    assert runner.main(args + [f"--gin.MODEL_DIR='{out}'"]) == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss / gradient" in err and "at step 5; batch from" in err and where in err, err[-2000:]
+    assert "last checkpoint: step 3" in err
+    manager = ocp.CheckpointManager(str(out / "checkpoints"))
+    assert manager.latest_step() == 3
+    state = manager.restore(3, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(state))
+
+    skip = tmp_path / "skip"
+    assert runner.main(args + [f"--gin.MODEL_DIR='{skip}'", "--gin.sentemb_jax.train.skip_nonfinite=1"]) == 0
+    lines = [json.loads(line) for line in open(skip / "metrics.jsonl")]
+    assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
+    assert "skipped_batches" not in lines[3] and lines[4]["skipped_batches"] == lines[-1]["skipped_batches"] == 1
+    manager = ocp.CheckpointManager(str(skip / "checkpoints"))
+    state = manager.restore(6, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(state))
+    assert int(state["queues"][0]["pointer"]) == (6 * 16) % 40  # 6 steps from 7 batches: the bad one left no trace
+
+    # A cache file with a NaN row is refused, naming the file.
+    (npy,) = [f for f in os.listdir(root / "cache") if f.endswith(".npy") and np.load(root / "cache" / f).shape == (240, 32)][:1]
+    rows = np.load(root / "cache" / npy)
+    rows[7] = np.inf
+    np.save(tmp_path / "bad.npy", rows)
+    with pytest.raises(ValueError, match=r"bad\.npy: 1 row\(s\) hold NaN / inf \(rows \[7\]\)"):
+        qd._checked_finite(np.load(tmp_path / "bad.npy"), str(tmp_path / "bad.npy"))
 
 
 def test_warmup_fraction_schedule():

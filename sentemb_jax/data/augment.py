@@ -9,9 +9,16 @@ epoch's views are fixed by the pipeline seed and resumption reproduces them exac
 * `span_masking`: on token ids, replace one contiguous span of ceil(rate * tokens) tokens by a
   mask id ([MASK] for BERT, a sentinel for T5); special tokens are never masked.
 * `column:<name>`: a precomputed view read from an extra column (e.g. back-translations).
+* `fixed:<augmentation>`: the text augmentation drawn once per sentence (seeded by its row id and
+  the view's index, not by the pipeline): the same text in every epoch and run, like a
+  precomputed back-translation (SCT's views), so a teacher's embeddings of it can be computed
+  once (`fixed_view_texts`) instead of in every step.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import tensorflow as tf
 
 TEXT_AUGMENTATIONS = ("none", "word_deletion", "random_crop")
@@ -60,9 +67,29 @@ def apply_text_augmentation(name: str, text: tf.Tensor, rate: float, seed: tf.Te
     raise ValueError(f"unknown augmentation {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS} or 'column:<name>'")
 
 
+FIXED = "fixed:"
+
+
+def fixed_seed(row_id: tf.Tensor, view_index: int) -> tf.Tensor:
+    """The seed of a `fixed:` view: the row and the view's index only."""
+    return tf.stack([tf.cast(row_id, tf.int64), tf.constant(view_index + 1, tf.int64)])
+
+
+def fixed_view_texts(texts: Sequence[str], view: str, rate: float, view_index: int) -> list[str]:
+    """Every row's text of a `fixed:` view (row ids 0..N-1 in order): what the pipeline yields."""
+    name = view[len(FIXED):]
+    ds = tf.data.Dataset.from_tensor_slices((tf.constant(list(texts), tf.string), tf.range(len(texts), dtype=tf.int64)))
+    ds = ds.map(lambda t, r: apply_text_augmentation(name, t, rate, fixed_seed(r, view_index)),
+                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return [t.decode("utf-8") for t in np.concatenate([b.numpy() for b in ds.batch(4096)])] if len(texts) else []
+
+
 def check_view(name: str) -> str:
     if name.startswith("column:") and len(name) > len("column:"):
         return name
+    if name.startswith(FIXED) and name[len(FIXED):] in TEXT_AUGMENTATIONS:
+        return name
     if name not in TEXT_AUGMENTATIONS + ID_AUGMENTATIONS:
-        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS} or 'column:<name>'")
+        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS}, 'column:<name>' or "
+                     f"'fixed:<one of {TEXT_AUGMENTATIONS}>'")
     return name

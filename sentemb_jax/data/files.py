@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import re
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -106,6 +107,7 @@ class FileSpec:
     score_field / score_range: an output field parsed as a float in this range.
     keep: source column -> allowed values (other rows are filtered out, e.g. label == "Good").
     binding: the gin binding that chose this path, named in "missing file" errors.
+    clean: skip (and count) rows whose text is junk (`is_junk_text`): the ensemble paper's cleaning.
     """
 
     path: str
@@ -115,6 +117,7 @@ class FileSpec:
     score_range: tuple[float, float] | None = None
     keep: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     binding: str | None = None
+    clean: bool = False
 
     @property
     def fmt(self) -> str:
@@ -140,11 +143,13 @@ class ReadSummary:
     skipped_bad_rows: int = 0
     skipped_empty_text: int = 0
     filtered: int = 0
+    cleaned: int = 0
     first_bad_row: str | None = None
 
     def __str__(self) -> str:
         s = (f"{self.path}: {self.rows} rows; skipped {self.skipped_bad_rows} malformed rows, "
-             f"{self.skipped_empty_text} with empty text; {self.filtered} filtered out")
+             f"{self.skipped_empty_text} with empty text; {self.filtered} filtered out"
+             + (f"; {self.cleaned} junk texts cleaned out" if self.cleaned else ""))
         return s + (f" (first malformed row: {self.first_bad_row})" if self.first_bad_row else "")
 
 
@@ -222,6 +227,11 @@ def _parse_line(spec: FileSpec, header: list[str] | None, line: str, lineno: int
         if bad:
             raise _BadRow(f"value of {bad} is not a string or number")
         row = {k: str(row[k]) for k in spec.source_columns()}
+        for k, v in row.items():  # JSON escapes can spell lone surrogates, which UTF-8 cannot hold
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise _BadRow(f"value of {k!r} is not valid Unicode (lone surrogate {v[e.start]!r} at character {e.start})") from None
     for column, allowed in spec.keep.items():
         if row[column] not in allowed:
             return None
@@ -238,6 +248,16 @@ def _validate_example(spec: FileSpec, example: dict, lineno: int) -> dict | None
     if any(not example[f].strip() for f in spec.texts):
         return None
     return example
+
+
+_REPEATED_PUNCTUATION = re.compile(r"([^\w\s])\1{3,}")
+
+
+def is_junk_text(text: str) -> bool:
+    """The ensemble paper's cleaning: 3 characters or fewer, a run of 4+ repeated punctuation
+    marks ("!!!!", "...."), or no letter at all (numbers, symbols, markup debris)."""
+    t = text.strip()
+    return len(t) <= 3 or bool(_REPEATED_PUNCTUATION.search(t)) or not any(c.isalpha() for c in t)
 
 
 def missing_file_message(spec: FileSpec) -> str:
@@ -275,12 +295,15 @@ def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
         if _validate_example(spec, example, lineno) is None:
             summary.skipped_empty_text += 1
             continue
+        if spec.clean and any(is_junk_text(example[f]) for f in spec.texts):
+            summary.cleaned += 1
+            continue
         offsets.append(offset)
         lines.append(lineno)
     if spec.fmt == "tsv" and header is None:
         raise DataError(f"{spec.path}: empty file (no header line)")
     summary.rows = len(offsets)
-    if summary.skipped_bad_rows or summary.skipped_empty_text:
+    if summary.skipped_bad_rows or summary.skipped_empty_text or summary.cleaned:
         log.warning("%s", summary)
     return RowIndex(spec, header, np.asarray(offsets, np.int64), np.asarray(lines, np.int64), summary)
 
@@ -316,6 +339,17 @@ def read_rows(index: RowIndex | ConcatRowIndex, order: Sequence[int] | None = No
             line = files[k].readline().decode("utf-8")
             example = _parse_line(part.spec, part.header, line, int(part.line_numbers[local]))
             yield _validate_example(part.spec, example, int(part.line_numbers[local]))
+
+
+def source_lines(index: RowIndex | ConcatRowIndex, positions: Sequence[int]) -> list[str]:
+    """`path:line` of each row position (what a bad batch came from)."""
+    parts = index.parts if isinstance(index, ConcatRowIndex) else [index]
+    starts = np.cumsum([0] + [len(p) for p in parts])
+    out = []
+    for pos in positions:
+        k = int(np.searchsorted(starts, int(pos), side="right")) - 1
+        out.append(f"{parts[k].spec.path}:{int(parts[k].line_numbers[int(pos) - int(starts[k])])}")
+    return out
 
 
 def read_examples(spec: FileSpec, on_bad_row: str = "error") -> list[dict]:

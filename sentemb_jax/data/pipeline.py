@@ -82,10 +82,20 @@ class InputPipeline:
                 "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Resume at `state`'s position. A state saved by another number of processes (shards) is
+        taken when the global batch (batch_size x shards) is the same: step k of an epoch then
+        covers the same rows of the global order (each shard reads every num_shards-th row)."""
         mine = self.state_dict()
-        for key in ("task", "seed", "batch_size", "shard"):
+        for key in ("task", "seed"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"input state was saved with {key}={state.get(key)!r}, this pipeline has {mine[key]!r}")
+        if (state.get("batch_size"), state.get("shard")) != (mine["batch_size"], mine["shard"]):
+            theirs, ours = _global_batch(state), _global_batch(mine)
+            if self._is_mixture or theirs != ours:
+                raise ValueError(f"input state was saved with batch_size={state.get('batch_size')!r} x shard="
+                                 f"{state.get('shard')!r} (global batch {theirs}), this pipeline has batch_size="
+                                 f"{mine['batch_size']!r} x shard={mine['shard']!r} (global batch {ours})"
+                                 + (" (a mixture resumes only with the same sharding)" if self._is_mixture else ""))
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
 
     def _dataset(self, epoch: int) -> tf.data.Dataset:
@@ -106,6 +116,13 @@ class InputPipeline:
         ds = ds.map(add_lengths, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         # Zero padding here; to_model_batch re-pads with the model's pad id from the lengths.
         ds = ds.padded_batch(self.batch_size, drop_remainder=self.drop_remainder)
+        if self.shard_info and self.shard_info.num_shards > 1 and not self._is_mixture:
+            # Shards differ by up to one row: every shard stops after the global number of full
+            # batches, so all processes take the same number of steps per epoch.
+            index = getattr(self.provider.source, "index", None)
+            rows = len(index(self.split)) if index else self.provider.num_input_examples(self.split)
+            if rows:
+                ds = ds.take(rows // (self.batch_size * self.shard_info.num_shards))
         return ds.skip(self.step_in_epoch).prefetch(tf.data.AUTOTUNE)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
@@ -117,3 +134,8 @@ class InputPipeline:
                 return
             self.epoch += 1
             self.step_in_epoch = 0
+
+
+def _global_batch(state: Mapping) -> int:
+    shard = state.get("shard")
+    return int(state.get("batch_size") or 0) * (int(shard[1]) if shard else 1)

@@ -137,11 +137,37 @@ def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str
         ex = dict(ex)
         for i, view in enumerate(views):
             source = ex[view[len("column:"):]] if view.startswith("column:") else ex[text_field]
-            ex[f"view{i + 1}"] = augment.apply_text_augmentation(
-                "none" if view.startswith("column:") else view, source, rate, seeds[i])
+            if view.startswith(augment.FIXED):
+                text = augment.apply_text_augmentation(view[len(augment.FIXED):], source, rate,
+                                                       augment.fixed_seed(ex["row_id"], i))
+            else:
+                text = augment.apply_text_augmentation("none" if view.startswith("column:") else view, source, rate, seeds[i])
+            ex[f"view{i + 1}"] = text
         return ex
 
     return fn(dataset)
+
+
+def sentence_views(task_name: str) -> tuple[tuple[str, ...], float]:
+    """The (views, augment rate) a sentences task was registered with."""
+    for step in seqio.get_mixture_or_task(task_name).preprocessors:
+        if isinstance(step, functools.partial) and step.func is make_views:
+            return tuple(step.keywords["views"]), float(step.keywords["rate"])
+    raise ValueError(f"task {task_name!r} has no augmented views (not a sentences task)")
+
+
+def view_texts(task_name: str, view_index: int, texts: Sequence[str] | None = None) -> list[str] | None:
+    """Every train row's text of view `view_index` (0 or 1) when it is the same in every epoch
+    ('none', 'column:<name>', 'fixed:<augmentation>'), in row order; None for a view drawn anew each epoch."""
+    views, rate = sentence_views(task_name)
+    view = views[view_index]
+    if view.startswith("column:"):
+        return [row[view[len("column:"):]] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
+    if view not in ("none",) and not view.startswith(augment.FIXED):
+        return None
+    if texts is None:
+        texts = [row["text"] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
+    return list(texts) if view == "none" else augment.fixed_view_texts(texts, view, rate, view_index)
 
 
 def mask_spans(dataset: tf.data.Dataset, *, views: Sequence[str], rate: float, tokenizer: TokenizerSpec, mask_id: int):
@@ -213,11 +239,13 @@ def register_tasks(
     commqa_labels: Sequence[str] = ("Good",),
     sts_score_range: tuple[float, float] = (0.0, 5.0),
     kinds: Sequence[str] = tuple(DEFAULT_FILES),
+    clean: bool = False,
 ) -> dict[str, str]:
     """Register the file-backed tasks (and the QA+NLI mixture); returns kind -> task name.
 
     files: kind -> a path, or split -> path; a list of paths (same columns) is read as one
     split, row ids running across the files in order (e.g. NLI + wiki sentences).
+    clean: drop junk sentences from the `sentences` task (data.files.is_junk_text), counted.
 
     Missing files are reported here, before any data is read, naming the gin bindings that
     produced the path. Row validation happens when a split is first read.
@@ -239,7 +267,7 @@ def register_tasks(
         "sts_pairs": lambda p, b: FileSpec(p, {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},
                                            score_field="score", score_range=tuple(sts_score_range), binding=b),
         "sentences": lambda p, b: FileSpec(p, {"text": sentence_column, **{c: c for c in view_columns}},
-                                           text_fields=("text", *view_columns), binding=b),
+                                           text_fields=("text", *view_columns), binding=b, clean=clean),
     }
     text_fields = {"commqa": ("anchor", "positive"), "nli_triples": ("anchor", "positive", "negative"),
                    "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}

@@ -38,7 +38,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         self.lower_case = lower_case
         self.cls_id, self.sep_id = self._ids[cls_token], self._ids[sep_token]
         self._pad_id, self._unk_id = self._ids[pad_token], self._ids[unk_token]
-        table = tf.lookup.StaticVocabularyTable(
+        self.table = table = tf.lookup.StaticVocabularyTable(
             tf.lookup.KeyValueTensorInitializer(
                 tf.constant(self._tokens), tf.range(len(self._tokens), dtype=tf.int64)), num_oov_buckets=1)
         # HF's default: words longer than 100 characters become [UNK].

@@ -23,7 +23,7 @@ BASELINES = "gin/runs/distill_baselines_cpu.gin"
 RUNS = {
     "congen_10min": ("gin/runs/congen_cpu.gin", []),
     "l2_10min": (BASELINES, ["--gin.BASELINE='l2'"]),
-    "congen_30min": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=1260"]),
+    "congen_30min": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=1050"]),
     "congen": ("gin/runs/congen_cpu.gin", EQUAL_STEPS),
     "l2": (BASELINES, ["--gin.BASELINE='l2'", *EQUAL_STEPS]),
     "dual_l2": (BASELINES, ["--gin.BASELINE='dual_l2'", *EQUAL_STEPS]),
@@ -32,6 +32,7 @@ RUNS = {
     "sct_distill": ("gin/runs/sct_distill_cpu.gin", EQUAL_STEPS),
     "sct_distill_10min": ("gin/runs/sct_distill_cpu.gin", []),
     "sct": ("gin/runs/sct_cpu.gin", EQUAL_STEPS),
+    "sct_lr1e-4": ("gin/runs/sct_cpu.gin", ["--gin.sentemb_jax.learning_rate_schedule.peak=1e-4", *EQUAL_STEPS]),
     "simcse_unsup": ("gin/runs/simcse_unsup_student_cpu.gin", EQUAL_STEPS),
 }
 DEFAULT_RUNS = ["congen_10min", "l2_10min", "congen_30min", "dual_l2", "skd", "ckd", "sct_distill", "sct", "simcse_unsup"]

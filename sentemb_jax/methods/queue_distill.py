@@ -15,9 +15,10 @@ across teachers or data); `row_id` picks each batch's rows.
 * sct: an MLP projector on the student; references = the student's own encoder outputs under
   stop-gradient (identical weights, SCT Sec. 3.1), queues D1 / D2 of the two views' references,
   the cross-view KL of SCT eq. 2; queues start as random unit vectors.
-* sct_distill: the teacher's view1 embeddings (cached) and view2 embeddings (the teacher runs in
-  the step, eval mode, on the augmented view) fill D1 / D2, and L_CD (eq. 4) is added to L_SCT
-  (eq. 3).
+* sct_distill: the teacher's view1 and view2 embeddings fill D1 / D2, and L_CD (eq. 4) is added
+  to L_SCT (eq. 3). A view2 fixed per sentence (`fixed:word_deletion`, or a `column:` of
+  back-translations as in the paper) is embedded once and cached like view1; a view2 drawn anew
+  each epoch is embedded by the teacher (eval mode) inside the step.
 The queue is FIFO inside the jitted step (sentemb_jax.methods.instance_queue): the batch's
 teacher / reference embeddings go in first, then the distributions are taken over the queue
 (ConGen Sec. 3: "dequeue the first m entries ... enqueue z_ref^T of each batch sample").
@@ -44,13 +45,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from sentemb_jax import losses, partitioning
 from sentemb_jax.methods import instance_queue as iq
 from sentemb_jax.pooling import l2_normalize
+from sentemb_jax.training import sharded
 from sentemb_jax.training.step import embed_packed, embed_side, side_features
 
 log = logging.getLogger(__name__)
 Array = jax.Array
-METHODS = ("congen", "l2", "dual_l2", "skd", "ckd", "sct", "sct_distill")
+METHODS = ("congen", "l2", "dual_l2", "skd", "ckd", "sct", "sct_distill", "ensemble")
 _TEACHER_QUEUE = ("congen", "ckd")  # one queue of the teacher's view1 embeddings
 _SCT = ("sct", "sct_distill")
+_AS_GIVEN = ("l2", "dual_l2", "skd", "ensemble")  # compare the embeddings as the models give them (no re-normalising)
 SIDES = ("view1", "view2")
 
 
@@ -62,7 +65,8 @@ class QueueDistillConfig:
     tau_theta 0.03, K 65536, projector expansion 10)."""
 
     method: str = "congen"
-    teacher: str | None = None  # a model directory; not used by `sct`
+    teacher: str | tuple[str, ...] | None = None  # a model directory (several: their ensemble); not used by `sct`
+    teacher_weights: tuple[float, ...] | None = None  # the ensemble's weights (default uniform)
     queue_size: int = 16384
     queue_init: str | None = None  # 'data' (teacher embeddings of random rows; ConGen) / 'random' (SCT); None: by method
     teacher_temperature: float = 0.05
@@ -78,20 +82,36 @@ class QueueDistillConfig:
     shard_queue_min_entries: int = iq.SHARD_MIN_ENTRIES
     cache_dir: str | None = None  # teacher embeddings (default ~/.cache/sentemb_jax/teacher_embeddings)
     teacher_batch_size: int = 128
+    # method 'ensemble' (sentemb_jax.methods.ensemble): lambda InfoNCE(tau) + (1 - lambda) regression.
+    ensemble_infonce_weight: float = 0.1
+    ensemble_temperature: float = 0.3
+    ensemble_regression: str = "mae"  # mae (eq. 4) / mse / smooth_l1 / kl (Table 4)
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"QueueDistillConfig.method {self.method!r}: choose from {METHODS}")
-        if self.method != "sct" and not self.teacher:
+        # 'ensemble': the ensemble_distill job sets the teacher (its submodels) itself.
+        if self.method not in ("sct", "ensemble") and not self.teacher:
             raise ValueError(f"QueueDistillConfig.method {self.method!r} needs a teacher (QueueDistillConfig.teacher)")
         if self.queue_init not in (None, "data", "random"):
             raise ValueError(f"QueueDistillConfig.queue_init {self.queue_init!r}: choose 'data' or 'random'")
+        if self.queue_init == "data" and not self.teacher:
+            raise ValueError("QueueDistillConfig.queue_init='data' fills the queue with a teacher's embeddings: "
+                             "set QueueDistillConfig.teacher or use queue_init='random'")
+        if self.ensemble_regression not in losses.REGRESSION_LOSSES:
+            raise ValueError(f"QueueDistillConfig.ensemble_regression {self.ensemble_regression!r}: choose from "
+                             f"{losses.REGRESSION_LOSSES}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"QueueDistillConfig.alpha={self.alpha}: must lie in [0, 1]")
 
     @property
     def needs_cached_teacher(self) -> bool:
         return self.method != "sct"
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        """The views the student embeds: the ensemble is distilled on the sentences themselves."""
+        return ("view1",) if self.method == "ensemble" else SIDES
 
     @property
     def queue_count(self) -> int:
@@ -122,14 +142,15 @@ class DistillState:
     teacher: Any  # teacher params when the step runs the teacher (sct_distill), else None
 
 
-def _embed(module: nn.Module, params, batch: dict, rng: Array, deterministic: bool = False) -> tuple[Array, Array]:
+def _embed(module: nn.Module, params, batch: dict, rng: Array, sides=SIDES, deterministic: bool = False) -> tuple:
+    """The student's embeddings of each side, in order."""
     if "packed_input_ids" in batch:
-        out = embed_packed(module, params, batch, rng, list(SIDES), deterministic=deterministic)
-        return out["view1"], out["view2"]
+        out = embed_packed(module, params, batch, rng, list(sides), deterministic=deterministic)
+        return tuple(out[s] for s in sides)
     if deterministic:
-        return tuple(module.apply({"params": params}, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"]) for s in SIDES)
+        return tuple(module.apply({"params": params}, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"]) for s in sides)
     return tuple(embed_side(module, params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"],
-                            jax.random.fold_in(rng, i), None) for i, s in enumerate(SIDES))
+                            jax.random.fold_in(rng, i), None) for i, s in enumerate(sides))
 
 
 def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, teacher: tuple | None,
@@ -143,6 +164,9 @@ def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, t
     if m == "ckd":
         return losses.contrastive_distillation_loss(iq.slots_of_last(queues[0], z1.shape[0]), z1, queues[0].values,
                                                     cfg.student_temperature)
+    if m == "ensemble":
+        return losses.ensemble_distillation_loss(z1, teacher[0], cfg.ensemble_infonce_weight, cfg.ensemble_temperature,
+                                                 cfg.ensemble_regression)
     if m in ("l2", "dual_l2", "skd"):
         loss = losses.mse_loss(z1, teacher[0])
         if m in ("dual_l2", "skd"):
@@ -164,17 +188,21 @@ def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Mod
     # Distributions over the queue use cosine similarity (ConGen eq. 1; SCT: "all encoder outputs
     # are normalized"), also for models without a Normalize module; the L2 baselines compare the
     # embeddings as the models give them.
-    norm = (lambda x: x) if cfg.method in ("l2", "dual_l2", "skd") else l2_normalize  # noqa: E731
+    norm = (lambda x: x) if cfg.method in _AS_GIVEN else l2_normalize  # noqa: E731
     teacher = None
     if cfg.needs_cached_teacher:
         teacher = (norm(batch["teacher_view1"].astype(jnp.float32)),)
-    if cfg.method == "sct_distill":  # view1 (the sentence) is cached; view2 is a fresh augmentation
-        view2 = teacher_module.apply({"params": state.teacher}, batch["view2_input_ids"], batch["view2_attention_mask"])
+    if cfg.method == "sct_distill":
+        if "teacher_view2" in batch:  # a view fixed per sentence ('fixed:' / 'column:'): cached like view1
+            view2 = batch["teacher_view2"]
+        else:  # drawn anew each epoch: the teacher embeds it here
+            view2 = teacher_module.apply({"params": state.teacher}, batch["view2_input_ids"], batch["view2_attention_mask"])
         teacher = (teacher[0], jax.lax.stop_gradient(norm(view2.astype(jnp.float32))))
     projector = Projector(cfg.projector_layers, cfg.projector_expansion)
 
     def loss_fn(params):
-        e1, e2 = (norm(e) for e in _embed(module, params["tower"], batch, rng))
+        embedded = [norm(e) for e in _embed(module, params["tower"], batch, rng, cfg.sides)]
+        e1, e2 = embedded[0], (embedded[1] if len(embedded) > 1 else None)
         queues, reference = state.queues, None
         if cfg.method in _TEACHER_QUEUE:
             queues = (iq.enqueue(queues[0], teacher[0]),)
@@ -229,9 +257,10 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
         out = np.load(path, allow_pickle=False)
         if out.shape[0] == len(texts):
             log.info("teacher embeddings from the cache %s", path)
-            return out
+            return _checked_finite(out, path)
         log.warning("%s: %d rows for %d texts; recomputing", path, out.shape[0], len(texts))
-    out = np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None), np.float32)
+    out = _checked_finite(np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None), np.float32),
+                          "the teacher's embeddings")
     os.makedirs(cache_dir, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}.npy"
     np.save(tmp, out)
@@ -241,6 +270,14 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
     return out
 
 
+def _checked_finite(rows: np.ndarray, where: str) -> np.ndarray:
+    bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
+    if len(bad):
+        raise ValueError(f"{where}: {len(bad)} row(s) hold NaN / inf (rows {bad[:8].tolist()}); a corrupted cache file "
+                         "can be deleted (it is recomputed)")
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------
 # The train loop's hooks (sentemb_jax.training.trainer.train(distill=...)).
 
@@ -248,24 +285,27 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
 class QueueDistillMethod:
     """What the canonical train loop needs to run a queue-distillation method."""
 
-    sides = SIDES
-
     def __init__(self, cfg: QueueDistillConfig, sequence_length: int, seed: int = 0):
         self.cfg = cfg
+        self.sides = cfg.sides
         self.seed = seed
         self.sequence_length = sequence_length
         self.teacher = None
         self.teacher_rows = None  # [N, D]: the teacher's view1 embedding of every row of the task
+        self.teacher_rows2 = None  # [N, D]: its view2 embeddings (sct_distill, when view2 is fixed per row)
 
     def prepare(self, task_name: str, student) -> None:
-        """Load the teacher; embed (or read from the cache) every training sentence."""
-        from sentemb_jax.data.files import read_rows
+        """Load the teacher; embed (or read from the cache) every training sentence (view1, and for
+        sct_distill view2 when the task fixes it per sentence)."""
+        from sentemb_jax.data.tasks import sentence_views, view_texts
         from sentemb_jax.encoder import SentenceEncoder
 
-        import seqio
-
         cfg = self.cfg
-        if cfg.teacher:
+        if isinstance(cfg.teacher, (list, tuple)):
+            from sentemb_jax.methods.ensemble import EnsembleEncoder
+
+            self.teacher = EnsembleEncoder.from_paths(cfg.teacher, cfg.teacher_weights, max_seq_length=self.sequence_length)
+        elif cfg.teacher:
             self.teacher = SentenceEncoder.from_pretrained(cfg.teacher, max_seq_length=self.sequence_length)
             if cfg.method in _SCT and self.teacher.get_sentence_embedding_dimension() != student.get_sentence_embedding_dimension():
                 raise ValueError(f"{cfg.method}: the teacher ({self.teacher.get_sentence_embedding_dimension()}-d) and the "
@@ -273,9 +313,27 @@ class QueueDistillMethod:
             if cfg.method == "sct_distill" and self.teacher.tokenizer.hf.get_vocab() != student.tokenizer.hf.get_vocab():
                 raise ValueError("sct_distill runs the teacher on the student's token ids: they need one vocabulary")
         if cfg.needs_cached_teacher or cfg.queue_init == "data":
-            source = seqio.get_mixture_or_task(task_name).source
-            texts = [row["text"] for row in read_rows(source.index("train"))]
+            if self.teacher is None:
+                raise ValueError(f"QueueDistillConfig.method {cfg.method!r}: no teacher (the ensemble_distill job gives "
+                                 "'ensemble' its submodels; elsewhere set QueueDistillConfig.teacher)")
+            texts = view_texts(task_name, 0)
+            if texts is None:
+                raise ValueError(f"{cfg.method}: the teacher's view1 embeddings are computed once, so view1 must be the "
+                                 f"same in every epoch; task {task_name!r} draws it anew ({sentence_views(task_name)[0][0]!r}). "
+                                 "Use 'none', 'fixed:<augmentation>' or 'column:<name>' (register_tasks.views)")
             self.teacher_rows = cached_teacher_embeddings(self.teacher, texts, cfg.cache_dir, cfg.teacher_batch_size)
+        if cfg.method == "sct_distill":
+            texts2 = view_texts(task_name, 1, texts)
+            if texts2 is not None:
+                self.teacher_rows2 = cached_teacher_embeddings(self.teacher, texts2, cfg.cache_dir, cfg.teacher_batch_size)
+            else:
+                log.info("sct_distill: view2 %r is drawn anew each epoch: the teacher embeds it in every step "
+                         "(a 'fixed:' view is embedded once)", sentence_views(task_name)[0][1])
+
+    @property
+    def online_teacher(self) -> bool:
+        """Whether the step runs the teacher (sct_distill with a view2 drawn anew each epoch)."""
+        return self.cfg.method == "sct_distill" and self.teacher_rows2 is None
 
     def student_projection(self, width: int) -> int | None:
         """ConGen's student projection (Linear + tanh to the teacher's width) when the widths differ."""
@@ -285,9 +343,11 @@ class QueueDistillMethod:
         return target if target != width else None
 
     def model_batch(self, batch: dict) -> dict:
-        out = side_features(batch, SIDES)
+        out = side_features(batch, self.sides)
         if self.cfg.needs_cached_teacher:
             out["teacher_view1"] = self.teacher_rows[np.asarray(batch["row_id"])]
+        if self.teacher_rows2 is not None:
+            out["teacher_view2"] = self.teacher_rows2[np.asarray(batch["row_id"])]
         return out
 
     def _initial_queues(self, dim: int) -> tuple:
@@ -305,23 +365,21 @@ class QueueDistillMethod:
             out.append(iq.new_queue(values))
         return tuple(out)
 
-    def build_step(self, module: nn.Module, optimizer, mesh: Mesh, example: dict, rules=partitioning.LOGICAL_AXIS_RULES):
+    def build_step(self, module: nn.Module, optimizer, mesh: Mesh, example: dict, rules=partitioning.LOGICAL_AXIS_RULES,
+                   skip_nonfinite: bool = False):
         """(jitted step with explicit in/out shardings, abstract state, state shardings)."""
         cfg = self.cfg
         ids, mask = example["view1_input_ids"][:1], example["view1_attention_mask"][:1]
         replicated = NamedSharding(mesh, P())
-        boxed = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids, mask))["params"]
-        tower = nn.meta.unbox(boxed)
-        param_shardings = {"tower": partitioning.mesh_shardings(partitioning.logical_specs(boxed), mesh, rules)}
-        abstract_params = {"tower": tower}
+        tower, tower_sh = sharded.tower_shardings(module, ids, mask, mesh, rules)
+        abstract_params, param_shardings = {"tower": tower}, {"tower": tower_sh}
         dim = jax.eval_shape(lambda p: module.apply({"params": p}, ids, mask), tower).shape[-1]
         if cfg.method in _SCT:
             proj = jax.eval_shape(lambda: Projector(cfg.projector_layers, cfg.projector_expansion).init(
                 jax.random.PRNGKey(0), jnp.zeros((1, dim))))["params"]
             abstract_params["projector"] = proj
             param_shardings["projector"] = jax.tree_util.tree_map(lambda _: replicated, proj)
-        abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
-        opt_shardings = partitioning.derive_state_shardings(abstract_opt, abstract_params, param_shardings, mesh)
+        abstract_opt, opt_shardings = sharded.optimizer_shardings(optimizer, abstract_params, param_shardings, mesh)
         queue_dim = self.teacher_rows.shape[1] if self.teacher_rows is not None else dim
         abstract_queues = tuple(iq.InstanceQueue(values=jax.ShapeDtypeStruct((cfg.queue_size, queue_dim), jnp.float32),
                                                  pointer=jax.ShapeDtypeStruct((), jnp.int32))
@@ -329,20 +387,16 @@ class QueueDistillMethod:
         queue_shardings = tuple(iq.queue_sharding(mesh, cfg.queue_size, cfg.shard_queue_min_entries)
                                 for _ in range(cfg.queue_count))
         teacher_module, abstract_teacher, teacher_shardings = None, None, None
-        if cfg.method == "sct_distill":
+        if self.online_teacher:
             teacher_module = self.teacher.module
-            boxed_t = jax.eval_shape(lambda: teacher_module.init(jax.random.PRNGKey(0), ids, mask))["params"]
-            abstract_teacher = nn.meta.unbox(boxed_t)
-            teacher_shardings = partitioning.mesh_shardings(partitioning.logical_specs(boxed_t), mesh, rules)
+            abstract_teacher, teacher_shardings = sharded.tower_shardings(teacher_module, ids, mask, mesh, rules)
         abstract = DistillState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt,
                                 queues=abstract_queues, teacher=abstract_teacher)
         shardings = DistillState(step=replicated, params=param_shardings, opt_state=opt_shardings, queues=queue_shardings,
                                  teacher=teacher_shardings)
         self._dim = dim
-        step = jax.jit(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg,
-                                         teacher_module=teacher_module),
-                       in_shardings=(shardings, partitioning.batch_sharding(mesh), replicated),
-                       out_shardings=(shardings, replicated), donate_argnums=(0,))
+        step = sharded.jit_train_step(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg,
+                                                        teacher_module=teacher_module), shardings, mesh, skip_nonfinite)
         return step, abstract, shardings
 
     def initial_state(self, tower_params, optimizer, shardings: DistillState) -> DistillState:
@@ -355,7 +409,7 @@ class QueueDistillMethod:
         params = copy(params)
         opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
         queues = tuple(jax.device_put(q, s) for q, s in zip(self._initial_queues(self._dim), shardings.queues))
-        teacher = None if cfg.method != "sct_distill" else jax.device_put(self.teacher.params, shardings.teacher)
+        teacher = jax.device_put(self.teacher.params, shardings.teacher) if self.online_teacher else None
         return DistillState(step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step), params=params,
                             opt_state=opt_state, queues=queues, teacher=teacher)
 

@@ -12,7 +12,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sentemb_jax.models.common import (
     Dense,
@@ -105,11 +104,10 @@ class RelativePositionBias(nn.Module):
 
     @nn.compact
     def __call__(self, q_len: int, k_len: int) -> Array:
-        context = np.arange(q_len)[:, None]
-        memory = np.arange(k_len)[None, :]
-        buckets = relative_position_bucket(
-            jnp.asarray(memory - context, dtype=jnp.int32), self.bidirectional, self.num_buckets, self.max_distance
-        )
+        # jnp, not np: lengths may be symbolic (a length-polymorphic SavedModel export).
+        context = jnp.arange(q_len, dtype=jnp.int32)[:, None]
+        memory = jnp.arange(k_len, dtype=jnp.int32)[None, :]
+        buckets = relative_position_bucket(memory - context, self.bidirectional, self.num_buckets, self.max_distance)
         table = self.param(
             "rel_embedding",
             partitioned(nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"), ("relpos_buckets", "heads")),  # t5x

@@ -19,21 +19,25 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 
 import flax.linen as nn
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import seqio
+from etils import epath
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.data.files import default_data_dir, read_sts_pairs, source_lines
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.pipeline import InputPipeline
-from sentemb_jax.data.tasks import register_tasks
-from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.data.tasks import RowFileSource, register_tasks
+from sentemb_jax.distributed import is_primary
+from sentemb_jax.encoder import RUN_FILE, SentenceEncoder, transformer_dir_of
 from sentemb_jax.evaluation.sts import evaluate_sts_pairs
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
@@ -52,15 +56,39 @@ class TrainingError(RuntimeError):
     """A training run that cannot start or continue (the message says why)."""
 
 
+def _is_remote(path: str) -> bool:
+    return "://" in path  # gs://, s3://: read and written through etils.epath (orbax does the same)
+
+
+def model_path(model_dir: str, *parts: str) -> str:
+    """A path under MODEL_DIR: absolute when local, the URL as given when remote (a bucket)."""
+    base = model_dir if _is_remote(model_dir) else os.path.abspath(model_dir)
+    return "/".join([base.rstrip("/"), *parts]) if _is_remote(model_dir) else os.path.join(base, *parts)
+
+
 def _check_model_dir(model_dir: str) -> None:
     try:
-        os.makedirs(model_dir, exist_ok=True)
-        probe = os.path.join(model_dir, ".write_test")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        root = epath.Path(model_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write_test.{jax.process_index()}.{os.getpid()}"  # one per process (multi-host)
+        probe.write_text("ok")
+        probe.unlink()
     except OSError as e:
-        raise TrainingError(f"MODEL_DIR {model_dir}: not writable ({e.strerror})") from None
+        raise TrainingError(f"MODEL_DIR {model_dir}: not writable ({e.strerror or e})") from None
+
+
+def _check_disk_space(model_dir: str, abstract_state, copies: int) -> None:
+    """Stop before the first step when MODEL_DIR cannot hold the checkpoints the run will keep
+    (`copies` train states: keep_checkpoints + the one being written + the best one)."""
+    state_bytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+                      for x in jax.tree_util.tree_leaves(abstract_state) if hasattr(x, "shape"))
+    if _is_remote(model_dir):
+        return  # a bucket: no free-space figure to check
+    free = shutil.disk_usage(model_dir).free
+    if free < copies * state_bytes:
+        raise TrainingError(f"MODEL_DIR {model_dir}: {free / 2**30:.2f} GiB free, but {copies} checkpoints of this "
+                            f"train state ({state_bytes / 2**30:.2f} GiB each) need {copies * state_bytes / 2**30:.2f} GiB "
+                            "(free space, or lower train.keep_checkpoints)")
 
 
 class ContrastiveMethod:
@@ -75,8 +103,8 @@ class ContrastiveMethod:
     def model_batch(self, batch: dict) -> dict:
         return side_features(batch, self.sides)
 
-    def build_step(self, module, optimizer, mesh, example: dict):
-        return build_sharded_step(module, optimizer, self.cfg, mesh, example)
+    def build_step(self, module, optimizer, mesh, example: dict, skip_nonfinite: bool = False):
+        return build_sharded_step(module, optimizer, self.cfg, mesh, example, skip_nonfinite=skip_nonfinite)
 
     def initial_state(self, tower_params, optimizer, shardings: TrainState) -> TrainState:
         return place_state(tower_params, optimizer, self.cfg, shardings)
@@ -121,6 +149,8 @@ def train(
     init_random: bool = False,
     distill=None,
     export_dir: str | None = None,
+    skip_nonfinite: int = 0,
+    fixed_padding: bool | None = None,
 ) -> dict:
     """Train a dual encoder; returns the last metrics (and the best STS-B dev score).
 
@@ -145,6 +175,17 @@ def train(
       contrastive loss.
     export_dir: at the end, write the best tower by STS-B dev (the last one without evaluation)
       there as a sentence-transformers directory.
+    skip_nonfinite: by default (0) a step whose loss or gradient norm is NaN / inf stops the job
+      (TrainingError naming the step and the batch's source lines) before anything of it is
+      saved - the last checkpoint stays the last good one. N > 0: such a step leaves the state
+      as it was (the batch is skipped, logged with its source lines, counted as
+      `skipped_batches`); more than N bad batches in a row still stop the job.
+    fixed_padding: pad every text to `sequence_length` (one batch shape). None: on when the job
+      runs on several processes (sentemb_jax.distributed), whose batch parts must have one shape.
+
+    Several processes: each reads every process_count-th row of the global order (batch_size is
+    the global batch), its part of each batch is placed with make_array_from_process_local_data,
+    checkpoints are written by all; metrics, TensorBoard and exports by process 0.
     """
     _check_model_dir(model_dir)
     if prng_impl:
@@ -152,7 +193,7 @@ def train(
     data_dir = data_dir or default_data_dir()
     if init_from:
         encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
-        tokenizer_dir = tokenizer_dir or encoder_tokenizer_dir(init_from)
+        tokenizer_dir = tokenizer_dir or transformer_dir_of(init_from)
     elif tokenizer_dir:
         # From scratch: the tower from gin (sentemb_jax.tower_module.*), weights initialised below.
         tokenizer = Tokenizer.from_pretrained(tokenizer_dir, max_length=sequence_length)
@@ -178,23 +219,36 @@ def train(
         encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
     else:
         method = ContrastiveMethod(contrastive)
+    if is_primary():
+        _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
     module = encoder.module
     optimizer = make_optimizer()
     mesh = make_mesh()
-    pipeline = InputPipeline(names[task], batch_size=batch_size, sequence_length=sequence_length, seed=seed,
-                             buckets=TRAIN_BUCKETS, same_length=same_length)
+    processes = jax.process_count()
+    if batch_size % processes:
+        raise TrainingError(f"train.batch_size={batch_size} must divide into the {processes} processes' parts")
+    if fixed_padding is None:
+        fixed_padding = processes > 1
+    if processes > 1 and (pack or not fixed_padding):
+        raise TrainingError("a multi-process run needs batch parts of one shape on every process: "
+                            "train.pack=False and train.fixed_padding=True (or None)")
+    pipeline = InputPipeline(names[task], batch_size=batch_size // processes, sequence_length=sequence_length, seed=seed,
+                             buckets=(sequence_length,) if fixed_padding else TRAIN_BUCKETS,
+                             same_length=same_length or fixed_padding,
+                             shard_info=seqio.ShardInfo(jax.process_index(), processes) if processes > 1 else None)
     batches = iter(pipeline)
     dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
     first = {f"{method.sides[0]}_input_ids": dummy, f"{method.sides[0]}_attention_mask": dummy}
-    step_fn, abstract, shardings = method.build_step(module, optimizer, mesh, first)
+    step_fn, abstract, shardings = method.build_step(module, optimizer, mesh, first, skip_nonfinite=skip_nonfinite > 0)
 
+    _check_disk_space(model_dir, abstract, keep_checkpoints + 1 + (1 if eval_every else 0))
     options = ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True)
-    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(model_dir), "checkpoints"), options=options)
-    best_manager = ocp.CheckpointManager(os.path.join(os.path.abspath(model_dir), "best"),
+    manager = ocp.CheckpointManager(model_path(model_dir, "checkpoints"), options=options)
+    best_manager = ocp.CheckpointManager(model_path(model_dir, "best"),
                                          options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
     restore_target = jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
-    history_path = os.path.join(model_dir, "metrics.jsonl")
+    history_path = model_path(model_dir, "metrics.jsonl")
     if manager.latest_step() is not None:
         step0 = manager.latest_step()
         restored = manager.restore(step0, args=ocp.args.Composite(
@@ -203,6 +257,7 @@ def train(
         pipeline.load_state_dict(restored["data"]["input"])
         best = restored["data"].get("best")
         train_seconds = float(restored["data"].get("train_seconds", 0.0))
+        skipped = int(restored["data"].get("skipped_batches", 0))
         batches = iter(pipeline)
         log.info("resumed from %s at step %d", model_dir, step0)
     else:
@@ -215,74 +270,104 @@ def train(
         if params_from:
             tower = _params_from_run(params_from, restore_target)
         state = method.initial_state(tower, optimizer, shardings)
-        best, train_seconds = None, 0.0
-    writer = _SummaryWriter(model_dir)
+        best, train_seconds, skipped = None, 0.0, 0
+    writer = _SummaryWriter(model_dir) if is_primary() else None
     evaluator = _StsDevEvaluator(encoder, data_dir) if eval_every else None
     rng = jax.random.PRNGKey(seed)
     start_step = int(state.step)
     bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", disable=None)
-    tick, metrics = time.perf_counter(), {}
+    tick, metrics, bad_in_a_row = time.perf_counter(), {}, 0
     if evaluator and eval_at_start and start_step == 0:
         metrics = {"step": 0, "train_seconds": 0.0, "stsb_dev_spearman": evaluator(state.params["tower"])}
-        writer.write(0, metrics, history_path)
+        _write_metrics(writer, 0, metrics, history_path)
         bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
-    with activation_rules(mesh):
-        # A rerun of a run that already spent its budget stops at once (it does not take a step more).
-        while int(state.step) < num_steps and not _budget_spent(train_seconds, time_budget_s):
-            started = time.perf_counter()
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise TrainingError(f"task {task!r} ran out of data at step {int(state.step)}") from None
-            model_batch = method.model_batch(batch)
-            if pack:
-                model_batch = pack_batch(model_batch, method.sides, sequence_length, pipeline.pad_id,
-                                         row_multiple=math.lcm(8, batch_shards(mesh)))
-            state, out = step_fn(state, shard_batch(model_batch, mesh), rng)
-            step = int(state.step)  # waits for the step, so the time below is the step's
-            train_seconds += time.perf_counter() - started
-            out_of_time = _budget_spent(train_seconds, time_budget_s)
-            last = step == num_steps or out_of_time
-            if step % log_every == 0 or last:
-                out = {k: float(v) for k, v in jax.device_get(out).items()}
-                if not np.isfinite(out["loss"]):
-                    raise TrainingError(f"non-finite loss {out['loss']} at step {step} (rows {batch.get('row_id', [])[:8]}...)")
-                rate = log_every * batch_size / (time.perf_counter() - tick)
-                tick = time.perf_counter()
-                metrics = {"step": step, **out, "pairs_per_s": rate, "train_seconds": train_seconds}
-                bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
-            if evaluator and (step % eval_every == 0 or last):
-                score = evaluator(state.params["tower"])
-                metrics = {**metrics, "step": step, "train_seconds": train_seconds, "stsb_dev_spearman": score}
-                if best is None or score > best["stsb_dev_spearman"]:
-                    best = {"step": step, "stsb_dev_spearman": score}
-                    best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-                bar.write(f"step {step}: STS-B dev spearman {score:.2f} (best {best['stsb_dev_spearman']:.2f} at {best['step']})")
-            if metrics.get("step") == step:
-                writer.write(step, metrics, history_path)
-            if step % checkpoint_every == 0 or last:
-                manager.save(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
-                    data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best,
-                                            "train_seconds": train_seconds})), force=True)
-            bar.update(1)
-            if out_of_time:
-                log.info("time budget of %.0f s of training reached at step %d", time_budget_s, step)
-                break
-    bar.close()
-    manager.wait_until_finished()
-    best_manager.wait_until_finished()
-    writer.close()
+    try:
+        with activation_rules(mesh):
+            # A rerun of a run that already spent its budget stops at once (it does not take a step more).
+            while int(state.step) < num_steps and not _budget_spent(train_seconds, time_budget_s):
+                started = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    raise TrainingError(f"task {task!r} ran out of data at step {int(state.step)}") from None
+                model_batch = method.model_batch(batch)
+                if pack:
+                    model_batch = pack_batch(model_batch, method.sides, sequence_length, pipeline.pad_id,
+                                             row_multiple=math.lcm(8, batch_shards(mesh)))
+                before = int(state.step)
+                state, out = step_fn(state, shard_batch(model_batch, mesh), rng)
+                step = int(state.step)  # waits for the step, so the time below is the step's
+                if not bool(out["finite"]):
+                    where = _batch_sources(pipeline, batch)
+                    what = f"non-finite loss / gradient (loss {float(out['loss'])}, grad norm {float(out['grad_norm'])})"
+                    bad_in_a_row += 1
+                    if bad_in_a_row > skip_nonfinite:
+                        why = f"{bad_in_a_row} bad batches in a row, train.skip_nonfinite={skip_nonfinite}" if skip_nonfinite \
+                            else "train.skip_nonfinite=N skips up to N bad batches in a row"
+                        raise TrainingError(f"{what} at step {before + 1}; batch from {where}. Nothing of this step was "
+                                            f"saved (last checkpoint: step {manager.latest_step()}) ({why})")
+                    skipped += 1
+                    log.warning("skipped batch %d (%s at step %d; state unchanged): %s", skipped, what, before + 1, where)
+                    train_seconds += time.perf_counter() - started
+                    continue
+                bad_in_a_row = 0
+                train_seconds += time.perf_counter() - started
+                out_of_time = _budget_spent(train_seconds, time_budget_s)
+                last = step == num_steps or out_of_time
+                if step % log_every == 0 or last:
+                    out = {k: float(v) for k, v in jax.device_get(out).items() if k != "finite"}
+                    if skipped:
+                        out["skipped_batches"] = skipped
+                    rate = log_every * batch_size / (time.perf_counter() - tick)
+                    tick = time.perf_counter()
+                    metrics = {"step": step, **out, "pairs_per_s": rate, "train_seconds": train_seconds}
+                    bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
+                if evaluator and (step % eval_every == 0 or last):
+                    score = evaluator(state.params["tower"])
+                    metrics = {**metrics, "step": step, "train_seconds": train_seconds, "stsb_dev_spearman": score}
+                    if best is None or score > best["stsb_dev_spearman"]:
+                        best = {"step": step, "stsb_dev_spearman": score}
+                        best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+                    bar.write(f"step {step}: STS-B dev spearman {score:.2f} (best {best['stsb_dev_spearman']:.2f} at {best['step']})")
+                if metrics.get("step") == step:
+                    _write_metrics(writer, step, metrics, history_path)
+                if step % checkpoint_every == 0 or last:
+                    manager.save(step, args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state),
+                        data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best,
+                                                "train_seconds": train_seconds, "skipped_batches": skipped})), force=True)
+                bar.update(1)
+                if out_of_time:
+                    log.info("time budget of %.0f s of training reached at step %d", time_budget_s, step)
+                    break
+    finally:  # an error stops the loop, not a checkpoint write already under way
+        bar.close()
+        manager.wait_until_finished()
+        best_manager.wait_until_finished()
+    if writer:
+        writer.close()
     if export_dir:
         tower = state.params["tower"]
         if best is not None and best_manager.latest_step() is not None:
             restored = best_manager.restore(best_manager.latest_step(), args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(restore_target)))
             tower = restored["state"].params["tower"]
-        encoder.params = jax.device_get(tower)
-        encoder.save_pretrained(export_dir)
-        log.info("exported the %s tower to %s", "best" if best else "last", export_dir)
+        encoder.params = host_params(tower)
+        if is_primary():
+            encoder.save_pretrained(export_dir)
+            log.info("exported the %s tower to %s", "best" if best else "last", export_dir)
     return {**metrics, "best": best}
+
+
+def _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers) -> None:
+    """MODEL_DIR/encoder.json: what SentenceEncoder.from_pretrained(MODEL_DIR) needs to rebuild the
+    tower around a checkpoint (the model it started from, layers kept, an added head)."""
+    projection = encoder.module.projection_dim if encoder.module.projection_activation == "tanh" else None
+    arch = {"init_from": os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from,
+            "pooling": list(pooling) if isinstance(pooling, (list, tuple)) else pooling,
+            "config_overrides": config_overrides or {}, "init_layers": init_layers,
+            "projection_dim": projection, "projection_activation": "tanh" if projection else None}
+    epath.Path(model_path(model_dir, RUN_FILE)).write_text(json.dumps(arch, indent=1))
 
 
 def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceEncoder:
@@ -298,19 +383,17 @@ def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> Se
                            encoder.tokenizer, encoder.hf_config)
 
 
+def _batch_sources(pipeline: InputPipeline, batch: dict, limit: int = 8) -> str:
+    """`path:line` of a batch's first rows (row ids when the source has no line index)."""
+    rows = np.asarray(batch.get("row_id", []))[:limit].tolist()
+    source = getattr(pipeline.provider, "source", None)  # a mixture has none (its row ids are per task)
+    lines = source_lines(source.index(pipeline.split), rows) if isinstance(source, RowFileSource) else [f"row {r}" for r in rows]
+    more = len(np.asarray(batch.get("row_id", []))) - len(rows)
+    return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
+
+
 def _budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:
     return bool(time_budget_s) and train_seconds >= time_budget_s
-
-
-def encoder_tokenizer_dir(init_from: str) -> str:
-    """The directory holding the tokenizer files (the Transformer module of an ST model)."""
-    modules = os.path.join(init_from, "modules.json")
-    if os.path.isfile(modules):
-        with open(modules) as f:
-            for m in json.load(f):
-                if str(m.get("type", "")).endswith("Transformer"):
-                    return os.path.join(init_from, m.get("path", ""))
-    return init_from
 
 
 def _params_from_run(run_dir: str, restore_target: TrainState):
@@ -330,8 +413,20 @@ class _StsDevEvaluator:
         self.s1, self.s2, self.gold = read_sts_pairs(os.path.join(data_dir, "stsb", "dev.tsv"), score_range=(0, 5))
 
     def __call__(self, tower_params) -> float:
-        self.encoder.params = jax.device_get(tower_params)
+        self.encoder.params = host_params(tower_params)
         return evaluate_sts_pairs(self.encoder, self.s1, self.s2, self.gold)["spearman"]
+
+
+def host_params(tree):
+    """Numpy copies of (possibly multi-process, sharded) arrays: every process gets the whole tree."""
+    if jax.process_count() > 1:
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.device_get(tree)
+
+
+def _write_metrics(writer, step: int, metrics: dict, path: str) -> None:
+    if writer is not None:  # process 0 only
+        writer.write(step, metrics, path)
 
 
 class _SummaryWriter:
@@ -340,14 +435,22 @@ class _SummaryWriter:
     def __init__(self, model_dir: str):
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(os.path.join(model_dir, "tensorboard"))
+        self._writer = SummaryWriter(model_path(model_dir, "tensorboard"))  # gs:// works (google-cloud-storage)
+        self._lines: list[str] | None = None  # a bucket has no append: the whole file is rewritten
 
     def write(self, step: int, metrics: dict, jsonl_path: str) -> None:
         for k, v in metrics.items():
             if k != "step" and isinstance(v, (int, float)):
                 self._writer.add_scalar(k, v, step)
-        with open(jsonl_path, "a") as f:
-            f.write(json.dumps(metrics) + "\n")
+        if not _is_remote(jsonl_path):
+            with open(jsonl_path, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            return
+        path = epath.Path(jsonl_path)
+        if self._lines is None:  # a resumed run keeps the lines written before
+            self._lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        self._lines.append(json.dumps(metrics) + "\n")
+        path.write_text("".join(self._lines))
 
     def close(self) -> None:
         self._writer.close()

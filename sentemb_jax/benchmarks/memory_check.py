@@ -1,0 +1,110 @@
+"""Will a config's train step fit? Compile it ahead of time on a simulated mesh and read XLA's
+memory analysis - no weights are allocated (params, optimizer state and batch are abstract).
+
+    python -m sentemb_jax.benchmarks.memory_check                    # the table of docs/SCALING.md
+    python -m sentemb_jax.benchmarks.memory_check --configs gin/st5_3b.gin --devices 8
+
+Each config is compiled exactly as `sentemb_jax.main` would run it: its gin file (mesh, fsdp,
+scan, remat, dtype, batch size, sequence length, optimizer), the sharded step of
+sentemb_jax.training.sharded with its explicit in/out shardings, on `--devices` simulated CPU
+devices (the process re-executes itself with XLA_FLAGS set, before jax starts). Per-device bytes
+= arguments (this device's shard of params + optimizer state + batch) + temporaries (activations,
+gradients) + outputs not aliased to donated inputs. The CPU compiler's buffer assignment stands
+in for the TPU's: same sharding, same program; TPU fusion usually needs less temporary memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+# config -> simulated devices (the mesh its gin file sets: 11B data 1 x fsdp 8 x model 8 = 64).
+DEFAULT_CONFIGS = {"gin/st5_3b.gin": 8, "gin/st5_3b_encdec.gin": 8, "gin/st5_11b.gin": 64, "gin/st5_11b_encdec.gin": 64}
+TPU_V3_HBM = 16 * 2**30
+
+
+def measure(gin_file: str, bindings: list[str]) -> dict:
+    """Compile `gin_file`'s train step on this process's devices; bytes per device."""
+    import gin
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from sentemb_jax import main as runner
+    from sentemb_jax import partitioning
+    from sentemb_jax.training.optimizers import make_optimizer
+    from sentemb_jax.training.sharded import activation_rules, build_sharded_step
+    from sentemb_jax.training.step import sides_of
+    from sentemb_jax.training.trainer import tower_module
+
+    runner.register_configurables()
+    runner.parse_gin([gin_file], ["TOKENIZER_DIR = '/unused'", "MODEL_DIR = '/unused'", *bindings])
+    train = {k: gin.query_parameter(f"sentemb_jax.train.{k}") for k in ("batch_size", "sequence_length")}
+    cfg = gin.get_configurable("sentemb_jax.ContrastiveConfig")()  # what train.contrastive gets
+    module = tower_module()
+    optimizer = make_optimizer()
+    mesh = partitioning.make_mesh()
+    batch_size, length = train["batch_size"], train["sequence_length"]
+    example = {f"{s}_{k}": np.ones((1, 8), np.int32) for s in sides_of(cfg) for k in ("input_ids", "attention_mask")}
+    step, abstract, shardings = build_sharded_step(module, optimizer, cfg, mesh, example)
+    state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    batch_sharding = partitioning.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct((batch_size, length), jnp.int32, sharding=batch_sharding) for k in example}
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    started = time.perf_counter()
+    with activation_rules(mesh):
+        compiled = step.lower(state, batch, rng).compile()
+    seconds = time.perf_counter() - started
+    mem = compiled.memory_analysis()
+    params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract.params))
+    per_device = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    return {"config": gin_file, "params": params, "mesh": dict(mesh.shape), "batch": batch_size, "length": length,
+            "dtype": str(module.backbone_config.dtype), "scan": module.backbone_config.scan_layers,
+            "remat": module.backbone_config.remat, "arguments": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes,
+            "outputs": mem.output_size_in_bytes, "aliased": mem.alias_size_in_bytes, "per_device": per_device,
+            "compile_s": seconds}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="*", default=list(DEFAULT_CONFIGS))
+    parser.add_argument("--devices", type=int, default=None, help="simulated devices (default: per config)")
+    parser.add_argument("--gin", action="append", default=[], help="extra binding KEY=VALUE")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:  # one config, devices already set in XLA_FLAGS
+        print("RESULT " + json.dumps(measure(args.configs[0], args.gin)), flush=True)
+        return
+    rows = []
+    for gin_file in args.configs:
+        devices = args.devices or DEFAULT_CONFIGS.get(gin_file, 8)
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+        cmd = [sys.executable, "-m", "sentemb_jax.benchmarks.memory_check", "--child", "--configs", gin_file,
+               *[x for b in args.gin for x in ("--gin", b)]]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"{gin_file}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
+            continue
+        rows.append(json.loads(lines[0][len("RESULT "):]))
+        print_row(rows[-1], header=len(rows) == 1)
+
+
+def print_row(r: dict, header: bool) -> None:
+    gib = 2**30
+    if header:
+        print("| config | params | mesh (data x fsdp x model) | batch x length | dtype / scan / remat | "
+              "arguments GiB | temporaries GiB | outputs (not aliased) GiB | per device GiB | fits 16 GiB | compile s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+    mesh = " x ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "model"))
+    print(f"| {r['config']} | {r['params'] / 1e9:.2f} B | {mesh} | {r['batch']} x {r['length']} | "
+          f"{r['dtype']} / {r['scan']} / {r['remat']} | {r['arguments'] / gib:.2f} | {r['temp'] / gib:.2f} | "
+          f"{(r['outputs'] - r['aliased']) / gib:.2f} | **{r['per_device'] / gib:.2f}** | "
+          f"{'yes' if r['per_device'] <= TPU_V3_HBM else 'NO'} | {r['compile_s']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

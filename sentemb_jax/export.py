@@ -1,0 +1,86 @@
+"""TF SavedModel export: sentences in, L2-normalised embeddings out, tokenised inside the graph.
+
+    python -m sentemb_jax.main --gin_file=gin/runs/export_savedmodel.gin --gin.MODEL_PATH="'runs/x/student'" \
+        --gin.EXPORT_DIR="'/tmp/savedmodel'"
+
+    m = tf.saved_model.load(dir)
+    m.signatures["serving_default"](text=tf.constant(["a sentence", ...]))["embeddings"]    # [batch, dim]
+    m.signatures["embed_ids"](input_ids=ids, attention_mask=mask)["embeddings"]
+
+The model's forward is our Flax module converted with jax2tf (batch- and length-polymorphic),
+its weights tf.Variables. The text signature tokenises with the same in-graph tokenizers as the
+seqio pipeline (sentemb_jax.data.vocab: tensorflow-text WordPiece for BERT-family, whose ids equal
+Hugging Face's; SentencePiece for T5), adds the special tokens, truncates to the model's max length
+and pads to the batch's longest text.
+"""
+from __future__ import annotations
+
+import logging
+
+import gin
+import jax
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = None, normalize: bool = True,
+                      pooling: str | None = None) -> str:
+    """Write the SavedModel of the sentence encoder in `model_path` (HF / sentence-transformers
+    directory; `pooling` as in SentenceEncoder.from_pretrained) to `out_dir`; returns out_dir."""
+    import tensorflow as tf
+    from jax.experimental import jax2tf
+
+    from sentemb_jax.data.vocab import tokenizer_spec_for
+    from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+    from sentemb_jax.pooling import l2_normalize
+
+    encoder = SentenceEncoder.from_pretrained(model_path, pooling=pooling, max_seq_length=max_length)
+    spec = tokenizer_spec_for(transformer_dir_of(model_path))
+    length = encoder.max_seq_length
+    module = encoder.module
+
+    def embed(params, ids, mask):
+        out = module.apply({"params": params}, ids, mask).astype(np.float32)
+        return l2_normalize(out) if normalize else out
+
+    params = jax.device_get(encoder.params)
+    tf_embed = jax2tf.convert(embed, polymorphic_shapes=[None, "(b, l)", "(b, l)"], native_serialization_platforms=("cpu",))
+    variables = tf.nest.map_structure(tf.Variable, params)
+    prefix = tf.constant(spec.prefix_ids, tf.int32)
+    suffix = tf.constant(spec.suffix_ids, tf.int32)
+    budget = length - len(spec.prefix_ids) - len(spec.suffix_ids)
+
+    class Exported(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.params = variables  # tracked: saved with the graph
+            # The WordPiece lookup table is a TF resource the text signature captures: tracked, so
+            # the SavedModel saves (and re-creates) it. SentencePiece keeps its model in the op.
+            self.vocab_table = getattr(spec.vocabulary, "table", None)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="input_ids"),
+                                      tf.TensorSpec([None, None], tf.int32, name="attention_mask")])
+        def embed_ids(self, input_ids, attention_mask):
+            return {"embeddings": tf_embed(self.params, input_ids, attention_mask)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(self, text):
+            body = spec.vocabulary.encode_tf(text)  # ragged [batch, pieces]
+            body = tf.cast(body[:, :budget], tf.int32)
+            n = tf.shape(text)[0]
+            ids = tf.concat([tf.RaggedTensor.from_tensor(tf.tile(prefix[None], [n, 1])), body,
+                             tf.RaggedTensor.from_tensor(tf.tile(suffix[None], [n, 1]))], axis=1)
+            mask = tf.ones_like(ids)
+            ids = ids.to_tensor(default_value=spec.pad_id)
+            mask = mask.to_tensor(default_value=0)
+            return {"embeddings": tf_embed(self.params, ids, mask)}
+
+    exported = Exported()
+    tf.saved_model.save(exported, out_dir, signatures={"serving_default": exported.serve, "embed_ids": exported.embed_ids})
+    log.info("SavedModel of %s (max length %d, dim %d) written to %s", model_path, length,
+             encoder.get_sentence_embedding_dimension(), out_dir)
+    return out_dir
+
+
+gin.external_configurable(export_savedmodel, module="sentemb_jax")

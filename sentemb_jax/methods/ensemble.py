@@ -1,0 +1,161 @@
+"""Ensemble distillation of augmented SimCSE submodels (the round-trip-translation ensemble paper).
+
+    python -m sentemb_jax.main --gin_file=gin/ensemble_distill.gin --gin.MODEL_DIR="'/tmp/ensemble'"
+
+1. K SimCSE submodels, one `train` job each (gin scopes sub1, sub2, ...), differing by their views
+   (round-trip translations from extra columns: `column:<name>` in either of the paper's modes -
+   both views the translation, or the sentence paired with its translation - else our
+   augmentations) and seeds; optional cleaning of the training sentences (register_tasks.clean)
+   and extra unlabelled sentences (a split may list several files).
+2. The ensemble f_T(x) = sum_k a_k f_k(x) (eq. 2) of the submodels' L2-normalised embeddings,
+   each with its own pooling; a = uniform, or softmax of the submodels' STS-B dev scores / T.
+   `EnsembleEncoder` encodes like a SentenceEncoder, so it evaluates and teaches like one.
+3. The student (same size as one submodel) distilled from the ensemble's cached embeddings of the
+   original sentences: lambda InfoNCE(student, teacher; tau 0.3) + (1 - lambda) MAE (eq. 3-4),
+   lambda 0.1 (`QueueDistillConfig.method = 'ensemble'`; MSE / KL / SmoothL1 for Table 4).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Callable, Sequence
+
+import gin
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+WEIGHTINGS = ("uniform", "softmax")
+
+
+def ensemble_weights(scores: Sequence[float], weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
+    """a_k: uniform (1/K), or softmax(score_k / temperature) of the submodels' dev scores (the
+    paper's second method, scores in Spearman x 100)."""
+    scores = np.asarray(scores, np.float64)
+    if scores.ndim != 1 or not len(scores):
+        raise ValueError(f"ensemble_weights: need a list of submodel scores, got {scores.tolist()}")
+    if weighting == "uniform":
+        return np.full(len(scores), 1.0 / len(scores))
+    if weighting != "softmax":
+        raise ValueError(f"ensemble weighting {weighting!r}: choose from {WEIGHTINGS}")
+    if temperature <= 0:
+        raise ValueError(f"ensemble weighting temperature {temperature}: must be > 0")
+    z = (scores - scores.max()) / temperature
+    return np.exp(z) / np.exp(z).sum()
+
+
+class EnsembleEncoder:
+    """sum_k a_k normalize(f_k(x)) over submodel encoders of one embedding width (eq. 2)."""
+
+    def __init__(self, encoders: Sequence, weights: Sequence[float]):
+        if len(encoders) != len(weights) or not encoders:
+            raise ValueError(f"EnsembleEncoder: {len(encoders)} encoders, {len(weights)} weights")
+        dims = {e.get_sentence_embedding_dimension() for e in encoders}
+        if len(dims) != 1:
+            raise ValueError(f"EnsembleEncoder: submodels embed in different widths {sorted(dims)}")
+        weights = np.asarray(weights, np.float64)
+        if (weights < 0).any() or not np.isclose(weights.sum(), 1.0):
+            raise ValueError(f"EnsembleEncoder: weights must be >= 0 and sum to 1, got {weights.tolist()}")
+        self.encoders, self.weights = list(encoders), weights
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[str], weights: Sequence[float] | None = None, **kwargs) -> "EnsembleEncoder":
+        from sentemb_jax.encoder import SentenceEncoder
+
+        encoders = [SentenceEncoder.from_pretrained(p, **kwargs) for p in paths]
+        return cls(encoders, weights if weights is not None else ensemble_weights([0.0] * len(paths), "uniform"))
+
+    # What a teacher / an evaluated model needs (SentenceEncoder's interface).
+    @property
+    def params(self):
+        return [e.params for e in self.encoders]
+
+    @property
+    def module(self):
+        """Identity for the teacher-embedding cache: the submodels' modules and the weights."""
+        return (tuple(e.module for e in self.encoders), tuple(np.round(self.weights, 12).tolist()))
+
+    @property
+    def max_seq_length(self) -> int:
+        return min(e.max_seq_length for e in self.encoders)
+
+    @property
+    def tokenizer(self):
+        return self.encoders[0].tokenizer
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.encoders[0].get_sentence_embedding_dimension()
+
+    def encode(self, sentences, batch_size: int = 64, normalize: bool = True, show_progress_bar: bool | None = None,
+               **kwargs) -> np.ndarray:
+        single = isinstance(sentences, str)
+        parts = [e.encode([sentences] if single else sentences, batch_size=batch_size, normalize=True,
+                          show_progress_bar=show_progress_bar) for e in self.encoders]
+        out = np.tensordot(self.weights.astype(np.float32), np.stack(parts), axes=1).astype(np.float32)
+        if normalize:
+            out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+        return out[0] if single else out
+
+
+@gin.configurable(module="sentemb_jax")
+def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable] = gin.REQUIRED,
+                     student: Callable = gin.REQUIRED, distill=gin.REQUIRED, weighting: str = "softmax",
+                     weight_temperature: float = 1.0, data_dir: str | None = None, student_layers: int | None = None,
+                     teacher: str | None = None) -> dict:
+    """Train the submodels (each a gin-scoped `train`), weight them by STS-B dev, score the
+    ensemble, distil it into `student` (a gin-scoped `train`, given `distill` with the ensemble as
+    teacher), then score everything on the STS table: MODEL_DIR/results.md.
+
+    submodels: e.g. [@sub1/sentemb_jax.train, @sub2/sentemb_jax.train]; each writes
+      MODEL_DIR/sub<k> and exports its best tower by STS-B dev to MODEL_DIR/sub<k>/model.
+    distill: a QueueDistillConfig (method 'ensemble'); its teacher / teacher_weights are set here.
+    teacher / student_layers: the model the submodels and the student start from, and how many of
+      its layers they keep (for the "student before" row).
+    """
+    from sentemb_jax.data.files import default_data_dir
+    from sentemb_jax.evaluation.jobs import sts_scores
+    from sentemb_jax.evaluation.report import sts_rows_table
+
+    data_dir = data_dir or default_data_dir()
+    os.makedirs(model_dir, exist_ok=True)
+    paths, dev = [], []
+    for k, train_submodel in enumerate(submodels, start=1):
+        run = os.path.join(model_dir, f"sub{k}")
+        out = train_submodel(model_dir=run, export_dir=os.path.join(run, "model"))
+        if not out.get("best"):
+            raise ValueError(f"submodel {k}: no STS-B dev score (set train.eval_every in its scope): it cannot be weighted")
+        paths.append(os.path.join(run, "model"))
+        dev.append(float(out["best"]["stsb_dev_spearman"]))
+    weights = ensemble_weights(dev, weighting, weight_temperature)
+    log.info("ensemble weights %s from STS-B dev %s", np.round(weights, 4).tolist(), dev)
+    rows = {}
+    if teacher:
+        rows["student before"] = sts_scores(f"{teacher} (first {student_layers} layers)", os.path.join(model_dir, "eval_start"),
+                                            data_dir, lambda: _start_model(teacher, student_layers))
+    for k, path in enumerate(paths, start=1):
+        rows[f"submodel {k}"] = sts_scores(path, os.path.join(model_dir, f"sub{k}", "eval"), data_dir)
+    rows["ensemble"] = sts_scores(f"ensemble of {paths} weights {np.round(weights, 6).tolist()}",
+                                  os.path.join(model_dir, "eval_ensemble"), data_dir,
+                                  lambda: EnsembleEncoder.from_paths(paths, weights))
+    cfg = dataclasses.replace(distill, teacher=tuple(paths), teacher_weights=tuple(float(w) for w in weights))
+    student_dir = os.path.join(model_dir, "student")
+    student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"))
+    rows["distilled student"] = sts_scores(os.path.join(student_dir, "model"), os.path.join(student_dir, "eval"), data_dir)
+    table = sts_rows_table(rows)
+    summary = {"submodel_dev": dev, "weights": weights.tolist(), "weighting": weighting, "rows": rows}
+    with open(os.path.join(model_dir, "results.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(model_dir, "results.md"), "w") as f:
+        f.write(f"# Ensemble distillation\n\nSubmodel STS-B dev: {dev}; weights ({weighting}): "
+                f"{np.round(weights, 4).tolist()}\n\n{table}\n")
+    print(table)
+    return summary
+
+
+def _start_model(teacher: str, layers: int | None):
+    from sentemb_jax.encoder import SentenceEncoder
+
+    model = SentenceEncoder.from_pretrained(teacher)
+    return model.first_layers(layers) if layers else model

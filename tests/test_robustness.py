@@ -1,0 +1,190 @@
+"""Robustness (issue 10): kill -9 at five moments (one mid checkpoint write) then exact resume;
+environment errors before the first step; bad encode() inputs; fuzzing of the tokenisation paths
+with random Unicode (surrogates and control characters included). docs/ROBUSTNESS.md lists every
+bad input with its message and exit code (`python -m sentemb_jax.experiments.robustness_table`)."""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hf_models import make_t5
+from run_utils import latest_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("t5"))
+    make_t5(path, "1.1")
+    return path
+
+
+def _train_args(model_path, model_dir, data_dir, steps=STEPS):
+    return ["--gin_file=gin/runs/tiny_t5_nli.gin", f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.train.num_steps={steps}"]
+
+
+def _cmd(*args, **kwargs):
+    return [sys.executable, "-m", "sentemb_jax.main", *_train_args(*args, **kwargs)]
+
+
+def _finalized(ckpt_dir):
+    return sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
+
+
+def _unfinished(ckpt_dir):
+    """Checkpoint directories orbax has not finalised (written under a temporary name)."""
+    return [d for d in os.listdir(ckpt_dir) if not d.isdigit()] if os.path.isdir(ckpt_dir) else []
+
+
+def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
+    """Kill 1 lands while a checkpoint is being written (orbax's temporary directory exists);
+    kills 2-5 at random delays after the run's next checkpoint. Each restart resumes from the last
+    finalised checkpoint - never a partial one - and the end equals an uninterrupted run."""
+    full = str(tmp_path / "full")
+    subprocess.run(_cmd(t5_dir, full, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    killed = str(tmp_path / "killed")
+    ckpt = os.path.join(killed, "checkpoints")
+    rng = random.Random(0)
+    kills, resumed_from = [], []
+    for k in range(5):
+        before = _finalized(ckpt)
+        proc = subprocess.Popen(_cmd(t5_dir, killed, data_dir), cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 300
+        if k == 0:  # mid-save: as soon as a temporary checkpoint directory appears
+            while not _unfinished(ckpt) and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.002)
+            partial = _unfinished(ckpt)
+        else:
+            while _finalized(ckpt) == before and time.time() < deadline and proc.poll() is None:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.8))
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        err = proc.communicate()[1]
+        kills.append(_finalized(ckpt)[-1] if _finalized(ckpt) else None)
+        resumed_from.append(err)
+        if k == 0:
+            assert partial, "no checkpoint was being written at the kill"
+            step_of_partial = int(partial[0].split(".")[0])
+            assert step_of_partial not in _finalized(ckpt)  # killed before orbax finalised it
+    assert kills[-1] is not None and kills[-1] < STEPS  # it really died mid-run, five times
+    proc = subprocess.run(_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Each restart resumed from the newest finalised checkpoint the kill before it left.
+    for err, last in zip(resumed_from[1:] + [proc.stderr], kills):
+        if last is not None:
+            assert f"at step {last}" in err and "resumed from" in err
+    a, data_a = latest_checkpoint(full, STEPS)
+    b, data_b = latest_checkpoint(killed, STEPS)
+    diffs = [float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
+    assert len(diffs) > 10 and max(diffs) <= 1e-6
+    assert data_a["input"] == data_b["input"]
+
+
+def test_model_dir_full_stops_before_training(t5_dir, tmp_path, data_dir, monkeypatch, capsys):
+    from sentemb_jax import main as runner
+    from sentemb_jax.training import trainer
+
+    monkeypatch.setattr(trainer.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 10**12 - 4096, 4096))
+    out = tmp_path / "full_disk"
+    assert runner.main(_train_args(t5_dir, str(out), data_dir)) == 1
+    err = capsys.readouterr().err
+    assert f"MODEL_DIR {out}: 0.00 GiB free, but 3 checkpoints of this train state" in err and "keep_checkpoints" in err
+    assert not os.path.exists(out / "metrics.jsonl") and not _finalized(str(out / "checkpoints"))
+
+
+def test_model_without_weights_stops_before_training(t5_dir, tmp_path, data_dir):
+    empty = tmp_path / "no_weights"
+    empty.mkdir()
+    for f in os.listdir(t5_dir):
+        if not f.endswith(".safetensors"):
+            shutil.copy(os.path.join(t5_dir, f), empty)
+    out = tmp_path / "run"
+    proc = subprocess.run(_cmd(str(empty), str(out), data_dir), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and f"{empty}: no weights found" in proc.stderr
+    assert not os.path.exists(out / "metrics.jsonl")
+
+
+# ------------------------------------------------------------------------------------------------
+# encode() inputs and the tokenisation paths.
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+    from sentemb_jax.encoder import SentenceEncoder
+
+    return SentenceEncoder.from_pretrained(minilm_dir)
+
+
+def test_encode_bad_inputs(minilm):
+    from sentemb_jax.tokenization import InvalidTextError
+
+    assert minilm.encode([]).shape == (0, 384)
+    with pytest.raises(TypeError, match="got None"):
+        minilm.encode(None)
+    with pytest.raises(TypeError, match="item 1 is int, not str"):
+        minilm.encode(["a", 3])
+    with pytest.raises(TypeError, match="item 0 is bytes"):
+        minilm.encode([b"bytes"])
+    with pytest.raises(InvalidTextError, match=r"item 1 is not valid Unicode \(lone surrogate '\\ud800' at character 2\)"):
+        minilm.encode(["ok", "ab\ud800c"])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        minilm.encode(["a"], batch_size=0)
+    long = "word " * 50_000  # 250k characters: truncated to the model's 256 tokens
+    e = minilm.encode([long, ""])
+    assert e.shape == (2, 384) and np.isfinite(e).all()
+    np.testing.assert_allclose(e[0], minilm.encode(["word " * 300])[0], atol=1e-5)  # same first 254 word pieces
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert minilm.encode("one").shape == (384,)
+
+
+# Any code point: hypothesis' default alphabet leaves out surrogates (Cs); add them, and more
+# control characters (Cc).
+ANY_TEXT = st.text(st.one_of(st.characters(), st.characters(categories=["Cs", "Cc"])), max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(ANY_TEXT, max_size=5))
+def test_fuzz_encode_only_our_error(minilm, texts):
+    from sentemb_jax.tokenization import InvalidTextError
+
+    has_surrogate = any(0xD800 <= ord(c) <= 0xDFFF for t in texts for c in t)
+    try:
+        e = minilm.encode(texts, batch_size=4)
+    except InvalidTextError as err:
+        assert has_surrogate and "lone surrogate" in str(err)
+        return
+    assert not has_surrogate and e.shape == (len(texts), 384) and np.isfinite(e).all()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(st.characters(codec="utf-8"), max_size=60))
+def test_fuzz_pipeline_tokenisation_equals_hf(minilm_dir, hf_minilm, text):
+    """The seqio pipeline's in-graph WordPiece (TF) on random valid Unicode, control characters
+    included: never raises, and gives Hugging Face's ids."""
+    import tensorflow as tf
+
+    from sentemb_jax.data.vocab import tokenizer_spec_for
+
+    spec = tokenizer_spec_for(minilm_dir)
+    ids = spec.tokenize_tf(tf.constant(text), 64).numpy().tolist()
+    assert ids == hf_minilm(text, truncation=True, max_length=64)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def hf_minilm(minilm_dir):
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(minilm_dir)
