@@ -206,7 +206,8 @@ def _legacy_rename(name: str) -> str:
 # Reading and writing tensor files
 
 
-def _read_safetensors_file(path: str) -> dict[str, np.ndarray]:
+def read_safetensors_file(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of one safetensors file (numpy); CheckpointError naming the file if unreadable."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -251,13 +252,13 @@ def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.
     if not os.path.isdir(model_dir):
         raise CheckpointError(f"{model_dir}: no such model directory")
     if os.path.isfile(join(SAFETENSORS_FILE)):
-        return _read_safetensors_file(join(SAFETENSORS_FILE))
+        return read_safetensors_file(join(SAFETENSORS_FILE))
     if os.path.isfile(join(SAFETENSORS_INDEX)):
         tensors: dict[str, np.ndarray] = {}
         for shard in _index_files(model_dir, SAFETENSORS_INDEX):
             if not os.path.isfile(join(shard)):
                 raise CheckpointError(f"{join(shard)}: shard named in {SAFETENSORS_INDEX} is missing")
-            tensors.update(_read_safetensors_file(join(shard)))
+            tensors.update(read_safetensors_file(join(shard)))
         return tensors
     pickles = [n for n in (PICKLE_FILE, PICKLE_INDEX) if os.path.isfile(join(n))]
     if pickles:
@@ -278,7 +279,8 @@ def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.
     )
 
 
-def _write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
+def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
+    """One safetensors file (PyTorch's metadata format by default, as HF and sentence-transformers expect)."""
     from safetensors.flax import save_file
 
     save_file({k: jnp.asarray(v) for k, v in tensors.items()}, path, metadata=metadata or {"format": "pt"})
@@ -413,7 +415,7 @@ def save_hf_checkpoint(model_dir: str, cfg: ModelConfig, params: dict, hf_config
         json.dump(hf_config, f, indent=2, sort_keys=True)
     total = sum(v.nbytes for v in tensors.values())
     if max_shard_bytes is None or total <= max_shard_bytes:
-        _write_safetensors(os.path.join(model_dir, SAFETENSORS_FILE), tensors)
+        write_safetensors(os.path.join(model_dir, SAFETENSORS_FILE), tensors)
         return
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
@@ -426,7 +428,7 @@ def save_hf_checkpoint(model_dir: str, cfg: ModelConfig, params: dict, hf_config
     weight_map = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        _write_safetensors(os.path.join(model_dir, fname), shard)
+        write_safetensors(os.path.join(model_dir, fname), shard)
         weight_map.update({name: fname for name in shard})
     with open(os.path.join(model_dir, SAFETENSORS_INDEX), "w", encoding="utf-8") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)

@@ -100,7 +100,7 @@ class CrossEncoder:
     def save_pretrained(self, out_dir: str) -> None:
         params = jax.device_get(self.params)
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
-        checkpoints._write_safetensors(os.path.join(out_dir, HEAD_FILE),
+        checkpoints.write_safetensors(os.path.join(out_dir, HEAD_FILE),
                                        {k: np.asarray(v, np.float32) for k, v in params["head"].items()})
         with open(os.path.join(out_dir, HEAD_CONFIG), "w", encoding="utf-8") as f:
             json.dump({"pooling": self.module.pooling, "t5_pair_format": T5_PAIR_FORMAT}, f, indent=2)
@@ -123,7 +123,7 @@ def _split_pairs(pairs) -> tuple[list[str], list[str]]:
 
 
 def _read_head(path: str, hidden: int) -> dict:
-    tensors = checkpoints._read_safetensors_file(path)
+    tensors = checkpoints.read_safetensors_file(path)
     want = {"kernel": (hidden, 1), "bias": (1,)}
     for name, shape in want.items():
         if name not in tensors:

@@ -329,7 +329,7 @@ class SentenceEncoder:
             tensors = {"linear.weight": np.asarray(proj["kernel"], np.float32).T}
             if self.module.projection_bias:
                 tensors["linear.bias"] = np.asarray(proj["bias"], np.float32)
-            checkpoints._write_safetensors(os.path.join(dense_dir, checkpoints.SAFETENSORS_FILE), tensors)
+            checkpoints.write_safetensors(os.path.join(dense_dir, checkpoints.SAFETENSORS_FILE), tensors)
             modules.append(("2_Dense", "sentence_transformers.models.Dense"))
         if self.module.normalize:
             os.makedirs(os.path.join(out_dir, f"{len(modules)}_Normalize"), exist_ok=True)
