@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = None, normalize: bool = True,
-                      pooling: str | None = None) -> str:
+                      pooling: str | None = None, platforms: tuple[str, ...] = ("cpu",)) -> str:
     """Write the SavedModel of the sentence encoder in `model_path` (HF / sentence-transformers
-    directory; `pooling` as in SentenceEncoder.from_pretrained) to `out_dir`; returns out_dir."""
+    directory; `pooling` as in SentenceEncoder.from_pretrained) to `out_dir`; returns out_dir.
+    platforms: where the serialised model may run (jax2tf native serialisation), e.g.
+    ("cpu", "cuda", "tpu") for a model served on accelerators too."""
     import tensorflow as tf
     from jax.experimental import jax2tf
 
@@ -45,7 +47,7 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
         return l2_normalize(out) if normalize else out
 
     params = jax.device_get(encoder.params)
-    tf_embed = jax2tf.convert(embed, polymorphic_shapes=[None, "(b, l)", "(b, l)"], native_serialization_platforms=("cpu",))
+    tf_embed = jax2tf.convert(embed, polymorphic_shapes=[None, "(b, l)", "(b, l)"], native_serialization_platforms=tuple(platforms))
     variables = tf.nest.map_structure(tf.Variable, params)
     prefix = tf.constant(spec.prefix_ids, tf.int32)
     suffix = tf.constant(spec.suffix_ids, tf.int32)

@@ -156,18 +156,23 @@ def sentence_views(task_name: str) -> tuple[tuple[str, ...], float]:
     raise ValueError(f"task {task_name!r} has no augmented views (not a sentences task)")
 
 
-def view_texts(task_name: str, view_index: int, texts: Sequence[str] | None = None) -> list[str] | None:
+def sentence_texts(task_name: str) -> list[str]:
+    """The `text` of every train row of a sentences task, in row order (the views' source)."""
+    return [row["text"] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
+
+
+def view_texts(task_name: str, view_index: int, sentences: Sequence[str] | None = None) -> list[str] | None:
     """Every train row's text of view `view_index` (0 or 1) when it is the same in every epoch
-    ('none', 'column:<name>', 'fixed:<augmentation>'), in row order; None for a view drawn anew each epoch."""
+    ('none', 'column:<name>', 'fixed:<augmentation>'), in row order; None for a view drawn anew
+    each epoch. sentences: sentence_texts(task_name), when the caller has read them already."""
     views, rate = sentence_views(task_name)
     view = views[view_index]
     if view.startswith("column:"):
         return [row[view[len("column:"):]] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
-    if view not in ("none",) and not view.startswith(augment.FIXED):
+    if view != "none" and not view.startswith(augment.FIXED):
         return None
-    if texts is None:
-        texts = [row["text"] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
-    return list(texts) if view == "none" else augment.fixed_view_texts(texts, view, rate, view_index)
+    sentences = sentence_texts(task_name) if sentences is None else sentences
+    return list(sentences) if view == "none" else augment.fixed_view_texts(sentences, view, rate, view_index)
 
 
 def mask_spans(dataset: tf.data.Dataset, *, views: Sequence[str], rate: float, tokenizer: TokenizerSpec, mask_id: int):

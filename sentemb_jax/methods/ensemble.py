@@ -65,7 +65,7 @@ class EnsembleEncoder:
         from sentemb_jax.encoder import SentenceEncoder
 
         encoders = [SentenceEncoder.from_pretrained(p, **kwargs) for p in paths]
-        return cls(encoders, weights if weights is not None else ensemble_weights([0.0] * len(paths), "uniform"))
+        return cls(encoders, weights if weights is not None else np.full(len(paths), 1.0 / len(paths)))
 
     # What a teacher / an evaluated model needs (SentenceEncoder's interface).
     @property

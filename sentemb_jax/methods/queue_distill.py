@@ -297,7 +297,7 @@ class QueueDistillMethod:
     def prepare(self, task_name: str, student) -> None:
         """Load the teacher; embed (or read from the cache) every training sentence (view1, and for
         sct_distill view2 when the task fixes it per sentence)."""
-        from sentemb_jax.data.tasks import sentence_views, view_texts
+        from sentemb_jax.data.tasks import sentence_texts, sentence_views, view_texts
         from sentemb_jax.encoder import SentenceEncoder
 
         cfg = self.cfg
@@ -316,14 +316,15 @@ class QueueDistillMethod:
             if self.teacher is None:
                 raise ValueError(f"QueueDistillConfig.method {cfg.method!r}: no teacher (the ensemble_distill job gives "
                                  "'ensemble' its submodels; elsewhere set QueueDistillConfig.teacher)")
-            texts = view_texts(task_name, 0)
+            sentences = sentence_texts(task_name)  # read once: both views are made from them
+            texts = view_texts(task_name, 0, sentences)
             if texts is None:
                 raise ValueError(f"{cfg.method}: the teacher's view1 embeddings are computed once, so view1 must be the "
                                  f"same in every epoch; task {task_name!r} draws it anew ({sentence_views(task_name)[0][0]!r}). "
                                  "Use 'none', 'fixed:<augmentation>' or 'column:<name>' (register_tasks.views)")
             self.teacher_rows = cached_teacher_embeddings(self.teacher, texts, cfg.cache_dir, cfg.teacher_batch_size)
         if cfg.method == "sct_distill":
-            texts2 = view_texts(task_name, 1, texts)
+            texts2 = view_texts(task_name, 1, sentences)
             if texts2 is not None:
                 self.teacher_rows2 = cached_teacher_embeddings(self.teacher, texts2, cfg.cache_dir, cfg.teacher_batch_size)
             else:
