@@ -21,7 +21,7 @@ import numpy as np
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.data.packing import pack_texts
-from sentemb_jax.encoder import _read_json, _read_layout
+from sentemb_jax.encoder import _read_json, _read_layout, run_length_sorted
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -81,20 +81,18 @@ class CrossEncoder:
         """Scores [n] float32 in the order of `pairs`: sigmoid(logit) (activation='sigmoid') or the logit ('none')."""
         if activation not in ("sigmoid", "none"):
             raise ValueError(f"CrossEncoder.predict: activation {activation!r} (choose 'sigmoid' or 'none')")
+        if batch_size < 1:
+            raise ValueError(f"CrossEncoder.predict: batch_size must be >= 1, got {batch_size}")
         pairs = list(pairs)
         if not pairs:
             return np.zeros((0,), np.float32)
         ids, types = self.tokenize(pairs)
-        order = np.argsort([-len(x) for x in ids], kind="stable")
-        rows = batch_size if len(pairs) >= batch_size else 1 << (len(pairs) - 1).bit_length()
-        out = np.empty((len(pairs),), np.float32)
-        pending = []
-        for start in range(0, len(pairs), batch_size):
-            chunk = order[start : start + batch_size]
+
+        def logits(chunk, rows):
             feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
-            pending.append((chunk, self._logits(self.params, feats)))
-        for chunk, logits in pending:
-            out[chunk] = np.asarray(logits)[: len(chunk)]
+            return self._logits(self.params, feats)
+
+        out = run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
         return 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out
 
     def save_pretrained(self, out_dir: str) -> None:

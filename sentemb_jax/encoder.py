@@ -129,6 +129,26 @@ def _read_dense(mdir: str, in_features: int, allow_pickle: bool) -> tuple[dict, 
     return params, out_features, use_bias, _ST_ACTIVATIONS[act_name]
 
 
+def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_tail: tuple = (),
+                      show_progress: bool = False, desc: str = "batches") -> np.ndarray:
+    """float32 [len(lengths), *out_tail]: `run_batch(indices, rows)` over batches of items sorted by
+    length (each batch pads little), results put back in the input order.
+
+    Full batches keep one shape (`rows` = batch_size); fewer items than a batch are padded to a
+    power of two only. Every batch is dispatched before any is fetched: host work overlaps device work.
+    """
+    n = len(lengths)
+    order = np.argsort([-x for x in lengths], kind="stable")
+    rows = batch_size if n >= batch_size else 1 << (n - 1).bit_length()
+    pending = [(chunk, run_batch(chunk, rows)) for chunk in (
+        order[start : start + batch_size]
+        for start in tqdm(range(0, n, batch_size), desc=desc, disable=not show_progress, unit="batch"))]
+    out = np.empty((n, *out_tail), np.float32)
+    for chunk, result in pending:
+        out[chunk] = np.asarray(result)[: len(chunk)]
+    return out
+
+
 class SentenceEncoder:
     """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params."""
 
@@ -265,18 +285,13 @@ class SentenceEncoder:
         if not texts:
             return np.zeros((0, dim), np.float32)
         ids = self.tokenizer.tokenize(texts)
-        order = np.argsort([-len(x) for x in ids], kind="stable")
-        # Full batches keep one batch shape; a short input is padded to a power of two only.
-        rows = batch_size if len(texts) >= batch_size else 1 << (len(texts) - 1).bit_length()
         show = len(texts) >= _PROGRESS_MIN_SENTENCES if show_progress_bar is None else show_progress_bar
-        pending = []  # dispatch every batch before fetching any: host work overlaps device work
-        for start in tqdm(range(0, len(texts), batch_size), desc="encode", disable=not show, unit="batch"):
-            chunk = order[start : start + batch_size]
+
+        def embed(chunk, rows):
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
-            pending.append((chunk, self._embed(self.params, batch["input_ids"], batch["attention_mask"])))
-        out = np.empty((len(texts), dim), np.float32)
-        for chunk, emb in pending:
-            out[chunk] = np.asarray(emb)[: len(chunk)]
+            return self._embed(self.params, batch["input_ids"], batch["attention_mask"])
+
+        out = run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
         if normalize:
             out = np.asarray(l2_normalize(out))
         return out[0] if single else out

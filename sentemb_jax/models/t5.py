@@ -45,6 +45,9 @@ class T5Config:
     # The decoder's own rate (None: dropout_rate). ST5-EncDec from random init needs it lower than the
     # encoder's: its sentence embedding is the decoder's final first-token state, dropped at this rate.
     decoder_dropout_rate: float | None = None
+    # T5 drops the encoder's final states (the decoder's cross-attention memory) and the decoder's
+    # final states; False keeps dropout inside the layers only.
+    dropout_final_states: bool = True
     layer_norm_epsilon: float = 1e-6
     dense_act_fn: str = "relu"  # v1.0: relu; v1.1 / mT5: gelu_new (gated)
     is_gated_act: bool = False
@@ -212,7 +215,7 @@ class T5Encoder(nn.Module):
         embedded = x
         x, hidden = run(x, bias)
         x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="encoder_norm")(x)
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = nn.Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
         if output_hidden_states:
             # Like HF: embeddings, then each layer's output, the last one after the final norm.
             hidden = (embedded,) + hidden[:-1] + (x,)
@@ -244,7 +247,7 @@ class T5Decoder(nn.Module):
         cross = (encoded, padding_bias(encoder_mask)) + (() if encoded_index is None else (encoded_index,))
         x, _ = run(x, self_bias, *cross)
         x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="decoder_norm")(x)
-        return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        return nn.Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
 
 
 class T5(nn.Module):
