@@ -54,9 +54,9 @@ def test_encode_input_errors(ours):
     assert ours.encode([]).shape == (0, 384)
     with pytest.raises(TypeError, match="got None"):
         ours.encode(None)
-    with pytest.raises(TypeError, match="item 1 is int"):
+    with pytest.raises(TypeError, match="item 1 is int, not str"):
         ours.encode(["ok", 3])
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
         ours.encode(["ok"], batch_size=0)
 
 
