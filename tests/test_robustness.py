@@ -2,6 +2,7 @@
 environment errors before the first step; bad encode() inputs; fuzzing of the tokenisation paths
 with random Unicode (surrogates and control characters included). docs/ROBUSTNESS.md lists every
 bad input with its message and exit code (`python -m sentemb_jax.experiments.robustness_table`)."""
+import json
 import os
 import random
 import shutil
@@ -38,6 +39,10 @@ def _cmd(*args, **kwargs):
     return [sys.executable, "-m", "sentemb_jax.main", *_train_args(*args, **kwargs)]
 
 
+def _packed_cmd(*args):
+    return _cmd(*args) + ["--gin.sentemb_jax.train.pack=True"]  # the packer's state must resume too
+
+
 def _finalized(ckpt_dir):
     return sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
 
@@ -50,16 +55,20 @@ def _unfinished(ckpt_dir):
 def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
     """Kill 1 lands while a checkpoint is being written (orbax's temporary directory exists);
     kills 2-5 at random delays after the run's next checkpoint. Each restart resumes from the last
-    finalised checkpoint - never a partial one - and the end equals an uninterrupted run."""
+    finalised checkpoint - never a partial one - and the end equals an uninterrupted run (packed
+    batches, so the packer's carried-over rows resume too)."""
     full = str(tmp_path / "full")
-    subprocess.run(_cmd(t5_dir, full, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    subprocess.run(_packed_cmd(t5_dir, full, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
+    lines = [json.loads(line) for line in open(os.path.join(full, "metrics.jsonl"))]
+    assert [line["step"] for line in lines] == list(range(1, STEPS + 1)) and all(np.isfinite(line["loss"]) for line in lines)
+    assert os.listdir(os.path.join(full, "tensorboard"))
     killed = str(tmp_path / "killed")
     ckpt = os.path.join(killed, "checkpoints")
     rng = random.Random(0)
     kills, resumed_from = [], []
     for k in range(5):
         before = _finalized(ckpt)
-        proc = subprocess.Popen(_cmd(t5_dir, killed, data_dir), cwd=REPO, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 300
         if k == 0:  # mid-save: as soon as a temporary checkpoint directory appears
@@ -80,7 +89,7 @@ def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_pa
             step_of_partial = int(partial[0].split(".")[0])
             assert step_of_partial not in _finalized(ckpt)  # killed before orbax finalised it
     assert kills[-1] is not None and kills[-1] < STEPS  # it really died mid-run, five times
-    proc = subprocess.run(_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # Each restart resumed from the newest finalised checkpoint the kill before it left.
     for err, last in zip(resumed_from[1:] + [proc.stderr], kills):
@@ -90,7 +99,7 @@ def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_pa
     b, data_b = latest_checkpoint(killed, STEPS)
     diffs = [float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
     assert len(diffs) > 10 and max(diffs) <= 1e-6
-    assert data_a["input"] == data_b["input"]
+    assert data_a["input"] == data_b["input"] and data_a["input"]["step_in_epoch"] == STEPS
 
 
 def test_model_dir_full_stops_before_training(t5_dir, tmp_path, data_dir, monkeypatch, capsys):

@@ -81,9 +81,14 @@ def _chunks(n: int, size: int | None) -> list[tuple[int, int]]:
 
 def embed_side(module: nn.Module, tower_params, ids: Array, mask: Array, rng: Array, chunk_size: int | None) -> Array:
     """Embeddings of one side, chunk by chunk (chunk i: dropout rng fold_in(rng, i)), train mode."""
-    out = [module.apply({"params": tower_params}, ids[a:b], mask[a:b], False, rngs={"dropout": jax.random.fold_in(rng, i)})
-           for i, (a, b) in enumerate(_chunks(ids.shape[0], chunk_size))]
-    return out[0] if len(out) == 1 else jnp.concatenate(out, axis=0)
+    n = len(_chunks(ids.shape[0], chunk_size))
+    if n == 1:
+        return module.apply({"params": tower_params}, ids, mask, False, rngs={"dropout": jax.random.fold_in(rng, 0)})
+    # lax.map, not a Python loop: one traced copy of the encoder however many chunks (compile time).
+    out = jax.lax.map(lambda x: module.apply({"params": tower_params}, x[0], x[1], False,
+                                             rngs={"dropout": jax.random.fold_in(rng, x[2])}),
+                      (ids.reshape(n, -1, ids.shape[1]), mask.reshape(n, -1, mask.shape[1]), jnp.arange(n)))
+    return out.reshape(-1, out.shape[-1])
 
 
 def sides_of(cfg: ContrastiveConfig) -> list[str]:
@@ -134,6 +139,8 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
         return jax.value_and_grad(full_loss)(params)
 
     # GradCache pass 1: every chunk's embeddings, no graph kept (lax.map: one chunk live at a time).
+    embeddings = jax.lax.stop_gradient(embed_all(params["tower"]))
+
     def chunked(side):
         ids, mask = batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"]
         n = len(_chunks(ids.shape[0], cfg.chunk_size))
@@ -143,10 +150,6 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
         rngs = {"dropout": jax.random.fold_in(side_rngs[side], i)}
         return module.apply({"params": tower_params}, ids, mask, False, rngs=rngs)
 
-    embeddings = {}
-    for side in sides_of(cfg):
-        out = jax.lax.map(lambda x, side=side: encode_chunk(params["tower"], side, *x), chunked(side))
-        embeddings[side] = jax.lax.stop_gradient(out.reshape(-1, out.shape[-1]))
     other = {k: v for k, v in params.items() if k != "tower"}
     # Pass 2: gradient of the loss w.r.t. the embeddings (and the temperature).
     loss, (emb_grads, other_grads) = jax.value_and_grad(
