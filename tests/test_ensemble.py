@@ -92,9 +92,9 @@ def test_junk_cleaning():
         [True, False, True, True, True, False]
 
 
-def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, minilm_dir):
-    """2 submodels + student (1 layer of a random 2-layer BERT) on 240 sentences: the job writes
-    each row of the STS table, weights that sum to 1, and a student distilled from the cached
+def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, minilm_dir):
+    """2 submodels + student (1 layer of a random 2-layer BERT) on 240 sentences, STS files cut to 40
+    pairs each: the job writes each row of the STS table, the ensemble's and student's STS-B dev, weights that sum to 1, and a student distilled from the cached
     ensemble embeddings. (The CPU job's third submodel and "student before" row are left out here
     to keep the test short.)"""
     from hf_models import make_minilm_shaped_bert
@@ -106,7 +106,7 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, minilm_dir):
     (tmp_path / "s.tsv").write_text("sentence\n" + "\n".join(l.split("\t")[col] for l in lines[1:241]) + "\nok\n")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/ensemble_distill_cpu.gin",
-           f"--gin.MODEL_DIR='{out}'", f"--gin.MODEL_PATH='{model}'", f"--gin.DATA_DIR='{data_dir}'",
+           f"--gin.MODEL_DIR='{out}'", f"--gin.MODEL_PATH='{model}'", f"--gin.DATA_DIR='{small_sts_data_dir}'",
            f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': '{tmp_path / 's.tsv'}'}}",
            "--gin.SUB_STEPS=3", "--gin.STUDENT_STEPS=4", "--gin.sentemb_jax.train.init_layers=1",
            "--gin.sentemb_jax.ensemble_distill.student_layers=1", "--gin.sentemb_jax.train.batch_size=16",
@@ -119,6 +119,7 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, minilm_dir):
     result = json.loads((out / "results.json").read_text())
     assert list(result["rows"]) == ["submodel 1", "submodel 2", "ensemble", "distilled student"]
     assert sum(result["weights"]) == pytest.approx(1.0) and len(result["submodel_dev"]) == 2
+    assert np.isfinite(result["ensemble_dev"]) and np.isfinite(result["student_dev"])
     np.testing.assert_allclose(result["weights"], ensemble_weights(result["submodel_dev"], "softmax"), rtol=1e-9)
     assert all(np.isfinite(r["STSB"]) and np.isfinite(r["avg"]) for r in result["rows"].values())
     assert "1 junk texts cleaned out" in proc.stderr  # the trailing 'ok'

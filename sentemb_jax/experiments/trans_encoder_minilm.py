@@ -20,6 +20,7 @@ import sys
 STS_GIN = "gin/runs/trans_encoder_sts_cpu.gin"
 PAIRS_GIN = "gin/runs/trans_encoder_pairs_cpu.gin"
 FIXED_GIN = "gin/runs/trans_encoder_sts_cpu_from_bi.gin"  # the study's selection: bi->cross lr 1e-4
+MUTUAL_GIN = "gin/runs/trans_encoder_mutual_sts_cpu.gin"  # FIXED_GIN + mutual + the cross head on the token mean
 FIXED = ["--gin.bi_to_cross/sentemb_jax.DistillPhase.learning_rate=1e-4"]
 B2C = "--gin.bi_to_cross/sentemb_jax.DistillPhase"
 # name -> (bi-encoders ("A" / "B"), gin file, extra bindings; "@A" / "@B" stand for the model paths).
@@ -42,9 +43,11 @@ RUNS = {
     "mutual_AB_fixed": (["A", "B"], FIXED_GIN, []),
     "pairs_B_fixed": (["B"], PAIRS_GIN, FIXED),
     "B_cross_from_A_fixed": (["B"], FIXED_GIN, ["--gin.sentemb_jax.trans_encoder.cross_encoders=['@A']"]),
+    # the cross-encoder setting with the study's best cross dev (B_mean_head_lr1e-4), for both models
+    "mutual_AB_mean_head": (["A", "B"], MUTUAL_GIN, []),
 }
 DEFAULT_RUNS = ["self_B", "B_standardize", "B_lr1e-4", "B_lr3e-4", "B_mean_head", "B_mean_head_lr1e-4", "self_A_fixed",
-                "mutual_AB_fixed", "pairs_B_fixed"]
+                "mutual_AB_fixed", "mutual_AB_mean_head", "pairs_B_fixed"]
 
 
 def make_truncated(src: str, out: str, layers: int = 3) -> str:
@@ -99,6 +102,9 @@ def print_table(name: str, path: str) -> None:
         for c in res["cycles"]:
             for kind in ("cross", "bi"):
                 print(row(f"model {i} cycle {c['cycle']} {kind}", c["models"][i][kind]))
+    for key, kept in sorted(res.get("best", {}).items()):  # best by dev over all epochs: the saved *_best models
+        model, kind = key.split("/")
+        print(row(f"model {model.split('_')[1]} kept {kind} (c{kept['cycle']})", kept))
     for c in res["cycles"]:
         if "ensemble" in c:
             for kind in ("cross", "bi"):

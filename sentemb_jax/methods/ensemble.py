@@ -117,6 +117,7 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     from sentemb_jax.data.files import default_data_dir
     from sentemb_jax.evaluation.jobs import sts_scores
     from sentemb_jax.evaluation.report import sts_rows_table
+    from sentemb_jax.jobs import stsb_split_scores
 
     data_dir = data_dir or default_data_dir()
     os.makedirs(model_dir, exist_ok=True)
@@ -136,20 +137,26 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
                                             data_dir, lambda: _start_model(teacher, student_layers))
     for k, path in enumerate(paths, start=1):
         rows[f"submodel {k}"] = sts_scores(path, os.path.join(model_dir, f"sub{k}", "eval"), data_dir)
+    ensemble = EnsembleEncoder.from_paths(paths, weights)
+    # Its STS-B dev beside the submodels' (the split choices are made on), not only the test table.
+    ensemble_dev = stsb_split_scores(ensemble, data_dir, "dev")["spearman"]
+    log.info("ensemble STS-B dev %.2f (submodels %s)", ensemble_dev, np.round(dev, 2).tolist())
     rows["ensemble"] = sts_scores(f"ensemble of {paths} weights {np.round(weights, 6).tolist()}",
-                                  os.path.join(model_dir, "eval_ensemble"), data_dir,
-                                  lambda: EnsembleEncoder.from_paths(paths, weights))
+                                  os.path.join(model_dir, "eval_ensemble"), data_dir, lambda: ensemble)
     cfg = dataclasses.replace(distill, teacher=tuple(paths), teacher_weights=tuple(float(w) for w in weights))
     student_dir = os.path.join(model_dir, "student")
-    student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"))
+    out = student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"))
+    student_dev = float(out["best"]["stsb_dev_spearman"]) if out.get("best") else None
     rows["distilled student"] = sts_scores(os.path.join(student_dir, "model"), os.path.join(student_dir, "eval"), data_dir)
     table = sts_rows_table(rows)
-    summary = {"submodel_dev": dev, "weights": weights.tolist(), "weighting": weighting, "rows": rows}
+    summary = {"submodel_dev": dev, "ensemble_dev": ensemble_dev, "student_dev": student_dev, "weights": weights.tolist(),
+               "weighting": weighting, "rows": rows}
     with open(os.path.join(model_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(model_dir, "results.md"), "w") as f:
-        f.write(f"# Ensemble distillation\n\nSubmodel STS-B dev: {dev}; weights ({weighting}): "
-                f"{np.round(weights, 4).tolist()}\n\n{table}\n")
+        student_text = "-" if student_dev is None else f"{student_dev:.2f}"
+        f.write(f"# Ensemble distillation\n\nSTS-B dev: submodels {np.round(dev, 2).tolist()}, ensemble {ensemble_dev:.2f}, "
+                f"student {student_text}; weights ({weighting}): {np.round(weights, 4).tolist()}\n\n{table}\n")
     print(table)
     return summary
 

@@ -333,8 +333,8 @@ def trans_encoder(
       other's latest backbone.
     mutual: pseudo-labels are the mean of every model's predictions (default: when > 1 model).
     dev: the selection set (STS-B dev for STS); the best bi- and cross-encoder of each model by it
-      are saved under model_dir/model_<i>/{bi_best,cross_best}, the latest ones under
-      {bi_last,cross_last}. report: sets scored after each
+      are saved under model_dir/model_<i>/{bi_best,cross_best} (results["best"]: their dev and report
+      scores), the latest ones under {bi_last,cross_last}. report: sets scored after each
       phase (e.g. STS-B test), written with everything else to model_dir/results.json.
     data_dir: relative paths in pair_files / dev / report are under it (default: the shared data).
     A rerun with the same model_dir resumes: finished phases come back from their checkpoints.
@@ -458,6 +458,15 @@ def trans_encoder(
         results["cycles"].append(record)
         results["best"] = best
         log.info("cycle %d: %s", cycle, json.dumps(record["models"]))
+        with open(results_path, "w") as f:
+            json.dump(results, f, indent=2)
+    if report:  # the kept models (best by dev over every phase, not the last epoch's) on the report sets too
+        for key, entry in best.items():
+            i, kind = key.split("/")
+            path = os.path.join(model_dir, i, f"{kind}_best")
+            kept = (CrossEncoder if kind == "cross" else SentenceEncoder).from_pretrained(path)
+            entry.update({ev.name: score_eval_set(kept, ev) for ev in report})
+        log.info("kept models: %s", json.dumps(best))
         with open(results_path, "w") as f:
             json.dump(results, f, indent=2)
     return results
