@@ -19,6 +19,8 @@ import sys
 
 EQUAL_STEPS = ["--gin.sentemb_jax.train.time_budget_s=None"]
 BASELINES = "gin/runs/distill_baselines_cpu.gin"
+QDC = "--gin.sentemb_jax.QueueDistillConfig"
+SCT_PROXY = [*EQUAL_STEPS, "--gin.NUM_STEPS=100", "--gin.sentemb_jax.train.eval_every=25"]
 # name -> (gin file, extra bindings)
 RUNS = {
     "congen_10min": ("gin/runs/congen_cpu.gin", []),
@@ -35,6 +37,13 @@ RUNS = {
     "ckd": (BASELINES, ["--gin.BASELINE='ckd'", *EQUAL_STEPS]),
     "sct_distill": ("gin/runs/sct_distill_cpu.gin", EQUAL_STEPS),
     "sct_distill_10min": ("gin/runs/sct_distill_cpu.gin", []),
+    # 100-step proxies of sct_distill for tuning on STS-B dev (equal steps, one change each).
+    "sct_distill_p100": ("gin/runs/sct_distill_cpu.gin", SCT_PROXY),
+    "sct_distill_p100_tau05_07": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, f"{QDC}.reference_temperature=0.05",
+                                                                   f"{QDC}.online_temperature=0.07"]),
+    "sct_distill_p100_lr5e-4": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, "--gin.sentemb_jax.learning_rate_schedule.peak=5e-4"]),
+    "sct_distill_10min_tau05_07": ("gin/runs/sct_distill_cpu.gin", [f"{QDC}.reference_temperature=0.05",
+                                                                    f"{QDC}.online_temperature=0.07"]),
     "sct": ("gin/runs/sct_cpu.gin", EQUAL_STEPS),
     "sct_lr1e-4": ("gin/runs/sct_cpu.gin", ["--gin.sentemb_jax.learning_rate_schedule.peak=1e-4", *EQUAL_STEPS]),
     "simcse_unsup": ("gin/runs/simcse_unsup_student_cpu.gin", EQUAL_STEPS),
