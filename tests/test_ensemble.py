@@ -94,8 +94,8 @@ def test_junk_cleaning():
 
 def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, minilm_dir):
     """2 submodels + student (1 layer of a random 2-layer BERT) on 240 sentences, STS files cut to 40
-    pairs each: the job writes each row of the STS table, the ensemble's and student's STS-B dev, weights that sum to 1, and a student distilled from the cached
-    ensemble embeddings. (The CPU job's third submodel and "student before" row are left out here
+    pairs each: the job writes each row of the STS table, the ensemble's and the student's STS-B
+    dev, weights that sum to 1, and a student distilled from the cached ensemble embeddings. (The CPU job's third submodel and "student before" row are left out here
     to keep the test short.)"""
     from hf_models import make_minilm_shaped_bert
 

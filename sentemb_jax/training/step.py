@@ -79,15 +79,20 @@ def _chunks(n: int, size: int | None) -> list[tuple[int, int]]:
     return [(i, i + size) for i in range(0, n, size)]
 
 
+def _chunked(ids: Array, mask: Array, chunk_size: int | None) -> tuple[Array, Array, Array]:
+    """[B, L] -> [chunks, B / chunks, L] ids and mask, and each chunk's index."""
+    n = len(_chunks(ids.shape[0], chunk_size))
+    return ids.reshape(n, -1, ids.shape[1]), mask.reshape(n, -1, mask.shape[1]), jnp.arange(n)
+
+
 def embed_side(module: nn.Module, tower_params, ids: Array, mask: Array, rng: Array, chunk_size: int | None) -> Array:
     """Embeddings of one side, chunk by chunk (chunk i: dropout rng fold_in(rng, i)), train mode."""
-    n = len(_chunks(ids.shape[0], chunk_size))
-    if n == 1:
+    if len(_chunks(ids.shape[0], chunk_size)) == 1:
         return module.apply({"params": tower_params}, ids, mask, False, rngs={"dropout": jax.random.fold_in(rng, 0)})
     # lax.map, not a Python loop: one traced copy of the encoder however many chunks (compile time).
     out = jax.lax.map(lambda x: module.apply({"params": tower_params}, x[0], x[1], False,
                                              rngs={"dropout": jax.random.fold_in(rng, x[2])}),
-                      (ids.reshape(n, -1, ids.shape[1]), mask.reshape(n, -1, mask.shape[1]), jnp.arange(n)))
+                      _chunked(ids, mask, chunk_size))
     return out.reshape(-1, out.shape[-1])
 
 
@@ -141,11 +146,6 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
     # GradCache pass 1: every chunk's embeddings, no graph kept (lax.map: one chunk live at a time).
     embeddings = jax.lax.stop_gradient(embed_all(params["tower"]))
 
-    def chunked(side):
-        ids, mask = batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"]
-        n = len(_chunks(ids.shape[0], cfg.chunk_size))
-        return ids.reshape(n, -1, ids.shape[1]), mask.reshape(n, -1, mask.shape[1]), jnp.arange(n)
-
     def encode_chunk(tower_params, side, ids, mask, i):
         rngs = {"dropout": jax.random.fold_in(side_rngs[side], i)}
         return module.apply({"params": tower_params}, ids, mask, False, rngs=rngs)
@@ -157,7 +157,7 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
     # Pass 3: re-encode each chunk with the same rng and accumulate its vector-Jacobian product.
     tower_grads = jax.tree_util.tree_map(jnp.zeros_like, params["tower"])
     for side in sides_of(cfg):
-        ids, mask, index = chunked(side)
+        ids, mask, index = _chunked(batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], cfg.chunk_size)
         cotangent = emb_grads[side].reshape(ids.shape[0], ids.shape[1], -1)
 
         def accumulate(acc, x, side=side):
