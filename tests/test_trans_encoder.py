@@ -86,8 +86,7 @@ def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, mini
     pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
     models = [_tiny_bert(tmp_path / f"m{i}", minilm_dir, seed=i) for i in range(2)]
     dev = te.EvalSet("stsb_dev_head", os.path.join(data_dir, "stsb", "dev.tsv"), "sts", (0, 200))
-    report = [te.EvalSet("stsb_test_head", os.path.join(data_dir, "stsb", "test.tsv"), "sts", (0, 100))]
-    kw = dict(model_dir=str(tmp_path / "run"), bi_encoders=models, pair_files=[str(pairs_file)], dev=dev, cycles=1, report=report,
+    kw = dict(model_dir=str(tmp_path / "run"), bi_encoders=models, pair_files=[str(pairs_file)], dev=dev, cycles=1,
               # A random model's cosines bunch together: spread them onto [0, 1] so there is a ranking to learn.
               bi_to_cross=te.DistillPhase(learning_rate=1e-3, batch_size=32, epochs=3, max_length=48, relabel="minmax"),
               cross_to_bi=te.DistillPhase(learning_rate=1e-3, batch_size=64, epochs=2, max_length=32, loss="mse"),
@@ -102,11 +101,11 @@ def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, mini
         assert [e["epoch"] for e in m["bi"]["epochs"]] == [1, 2]
         assert np.isfinite(m["bi"]["dev"]) and np.isfinite(m["cross"]["dev"])
     assert set(cycle["ensemble"]) == {"bi", "cross"}
-    # The kept models are the best epoch by dev (not the last), scored on the report set too.
+    # The kept models are the best epoch by dev, not the last (a report set would score them too;
+    # left out here to keep this test under 2 minutes).
     for i, m in enumerate(cycle["models"]):
         for kind in ("cross", "bi"):
-            kept = results["best"][f"model_{i}/{kind}"]
-            assert kept["dev"] == max(e["dev"] for e in m[kind]["epochs"]) and np.isfinite(kept["stsb_test_head"])
+            assert results["best"][f"model_{i}/{kind}"]["dev"] == max(e["dev"] for e in m[kind]["epochs"])
     # The cross-encoders learnt their pseudo-labels: their scores on the training pairs rank like them.
     from sentemb_jax.cross_encoder import CrossEncoder
     from sentemb_jax.encoder import SentenceEncoder
