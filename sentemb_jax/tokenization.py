@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
 from typing import Sequence
 
 import numpy as np
@@ -60,6 +61,7 @@ class Tokenizer:
         self.max_length = int(max_length)
         self.buckets = tuple(sorted(b for b in buckets if b < self.max_length)) + (self.max_length,)
         self.lowercase = lowercase
+        self.source_dir: str | None = None  # the directory it was loaded from (its vocabulary files)
         pad = hf_tokenizer.pad_token_id
         self.pad_id = 0 if pad is None else int(pad)
 
@@ -76,7 +78,9 @@ class Tokenizer:
         if max_length is None:
             model_max = getattr(hf, "model_max_length", None)
             max_length = model_max if model_max and model_max < 100_000 else 512
-        return cls(hf, max_length, buckets, lowercase)
+        tokenizer = cls(hf, max_length, buckets, lowercase)
+        tokenizer.source_dir = model_dir
+        return tokenizer
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids (with special tokens) of each text, truncated to max_length; no padding."""
@@ -118,5 +122,13 @@ class Tokenizer:
     def __call__(self, texts: Sequence[str], batch_size: int | None = None) -> dict[str, np.ndarray]:
         return self.pad(self.tokenize(check_texts(texts, "tokenize")), batch_size)
 
+    # The vocabularies the TF input pipeline reads (sentemb_jax.data.vocab): HF's fast tokenizers
+    # save only tokenizer.json, so a model exported from training could not be trained further.
+    VOCAB_FILES = ("vocab.txt", "spiece.model")
+
     def save_pretrained(self, out_dir: str):
         self.hf.save_pretrained(out_dir)
+        for name in self.VOCAB_FILES if self.source_dir else ():
+            src, dst = os.path.join(self.source_dir, name), os.path.join(out_dir, name)
+            if os.path.isfile(src) and not os.path.exists(dst):
+                shutil.copyfile(src, dst)

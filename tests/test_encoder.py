@@ -118,3 +118,23 @@ def test_save_pretrained_round_trip_and_sentence_transformers_loads_it(tmp_path)
 
     st = SentenceTransformer(str(tmp_path / "saved"), device="cpu")
     assert np.abs(st.encode(SENTENCES, convert_to_numpy=True) - ours.encode(SENTENCES)).max() <= 1e-5
+
+
+def test_saved_model_keeps_the_vocabulary_the_tf_input_pipeline_reads(tmp_path, minilm_dir):
+    """An exported model (e.g. an ensemble submodel) can be trained further: HF's fast tokenizer
+    saves only tokenizer.json, so save_pretrained also copies vocab.txt, and the saved model's
+    in-graph tokenizer gives the original's ids."""
+    import tensorflow as tf
+
+    from sentemb_jax.data.vocab import tokenizer_spec_for
+    from sentemb_jax.encoder import transformer_dir_of
+
+    out = str(tmp_path / "saved")
+    SentenceEncoder.from_pretrained(minilm_dir).first_layers(1).save_pretrained(out)
+    source = transformer_dir_of(minilm_dir)
+    with open(os.path.join(source, "vocab.txt"), "rb") as a, open(os.path.join(out, "vocab.txt"), "rb") as b:
+        assert a.read() == b.read()
+    text = tf.constant("A man is playing a guitar, unbelievably loudly.")
+    want = tokenizer_spec_for(source).tokenize_tf(text, 32).numpy().tolist()
+    assert tokenizer_spec_for(out).tokenize_tf(text, 32).numpy().tolist() == want
+    assert want == Tokenizer.from_pretrained(out).tokenize([text.numpy().decode()])[0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sentemb_jax import losses
-from sentemb_jax.methods.ensemble import EnsembleEncoder, ensemble_weights
+from sentemb_jax.methods.ensemble import EnsembleEncoder, ensemble_distill, ensemble_weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,6 +85,16 @@ def test_ensemble_encoder_is_the_weighted_sum_of_normalised_submodels():
         EnsembleEncoder([a, b], [0.5, 0.6])
 
 
+def test_bad_student_init_is_refused_before_any_training(tmp_path):
+    def never(**kwargs):
+        raise AssertionError("no submodel may train when the job's settings are wrong")
+
+    with pytest.raises(ValueError, match="student_init 'first_submodel': choose from"):
+        ensemble_distill(model_dir=str(tmp_path / "run"), submodels=[never], student=never, distill=None,
+                         student_init="first_submodel")
+    assert not (tmp_path / "run").exists()
+
+
 def test_junk_cleaning():
     from sentemb_jax.data.files import is_junk_text
 
@@ -95,8 +105,9 @@ def test_junk_cleaning():
 def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, minilm_dir):
     """2 submodels + student (1 layer of a random 2-layer BERT) on 240 sentences, STS files cut to 40
     pairs each: the job writes each row of the STS table, the ensemble's and the student's STS-B
-    dev, weights that sum to 1, and a student distilled from the cached ensemble embeddings. (The CPU job's third submodel and "student before" row are left out here
-    to keep the test short.)"""
+    dev, weights that sum to 1, and a student distilled from the cached ensemble embeddings, started
+    from the best submodel by dev (student_init). (The CPU job's third submodel and "student
+    before" row are left out here to keep the test short.)"""
     from hf_models import make_minilm_shaped_bert
 
     model = tmp_path / "base"
@@ -113,6 +124,7 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, mi
            "--gin.sentemb_jax.train.sequence_length=32", "--gin.sentemb_jax.train.eval_every=3",
            "--gin.student/sentemb_jax.train.eval_every=2", "--gin.sentemb_jax.ensemble_distill.teacher=None",
            "--gin.sentemb_jax.ensemble_distill.submodels=[@sub1/sentemb_jax.train, @sub2/sentemb_jax.train]",
+           "--gin.sentemb_jax.ensemble_distill.student_init='best_submodel'",
            f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{tmp_path / 'cache'}'"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -125,5 +137,9 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, mi
     assert "1 junk texts cleaned out" in proc.stderr  # the trailing 'ok'
     cached = [f for f in os.listdir(tmp_path / "cache") if f.endswith(".npy")]
     assert len(cached) == 1 and np.load(tmp_path / "cache" / cached[0]).shape == (240, 32)
+    best = int(np.argmax(result["submodel_dev"])) + 1
+    assert result["student_init"] == str(out / f"sub{best}" / "model")
+    # The student started from that submodel's weights (its architecture record says so).
+    assert json.loads((out / "student" / "encoder.json").read_text())["init_from"] == result["student_init"]
     history = [json.loads(l) for l in open(out / "student" / "metrics.jsonl")]
     assert [h["step"] for h in history if "loss" in h][-1] == 4

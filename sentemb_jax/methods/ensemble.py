@@ -28,6 +28,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 WEIGHTINGS = ("uniform", "softmax")
+STUDENT_INITS = ("start", "best_submodel")
 
 
 def ensemble_weights(scores: Sequence[float], weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
@@ -103,7 +104,7 @@ class EnsembleEncoder:
 def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable] = gin.REQUIRED,
                      student: Callable = gin.REQUIRED, distill=gin.REQUIRED, weighting: str = "softmax",
                      weight_temperature: float = 1.0, data_dir: str | None = None, student_layers: int | None = None,
-                     teacher: str | None = None) -> dict:
+                     teacher: str | None = None, student_init: str = "start") -> dict:
     """Train the submodels (each a gin-scoped `train`), weight them by STS-B dev, score the
     ensemble, distil it into `student` (a gin-scoped `train`, given `distill` with the ensemble as
     teacher), then score everything on the STS table: MODEL_DIR/results.md.
@@ -113,12 +114,17 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     distill: a QueueDistillConfig (method 'ensemble'); its teacher / teacher_weights are set here.
     teacher / student_layers: the model the submodels and the student start from, and how many of
       its layers they keep (for the "student before" row).
+    student_init: 'start' - the student starts where its gin scope says (the submodels' start, as
+      the paper's student starts from the pre-trained model); 'best_submodel' - from the submodel
+      with the best STS-B dev (same size), so distillation moves it towards the ensemble.
     """
     from sentemb_jax.data.files import default_data_dir
     from sentemb_jax.evaluation.jobs import sts_scores
     from sentemb_jax.evaluation.report import sts_rows_table
     from sentemb_jax.jobs import stsb_split_scores
 
+    if student_init not in STUDENT_INITS:
+        raise ValueError(f"ensemble_distill.student_init {student_init!r}: choose from {STUDENT_INITS}")
     data_dir = data_dir or default_data_dir()
     os.makedirs(model_dir, exist_ok=True)
     paths, dev = [], []
@@ -145,12 +151,16 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
                                   os.path.join(model_dir, "eval_ensemble"), data_dir, lambda: ensemble)
     cfg = dataclasses.replace(distill, teacher=tuple(paths), teacher_weights=tuple(float(w) for w in weights))
     student_dir = os.path.join(model_dir, "student")
-    out = student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"))
+    init = {}
+    if student_init == "best_submodel":  # already the student's size: no layers to drop
+        init = {"init_from": paths[int(np.argmax(dev))], "init_layers": None}
+        log.info("student starts from %s (best STS-B dev of the submodels)", init["init_from"])
+    out = student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"), **init)
     student_dev = float(out["best"]["stsb_dev_spearman"]) if out.get("best") else None
     rows["distilled student"] = sts_scores(os.path.join(student_dir, "model"), os.path.join(student_dir, "eval"), data_dir)
     table = sts_rows_table(rows)
     summary = {"submodel_dev": dev, "ensemble_dev": ensemble_dev, "student_dev": student_dev, "weights": weights.tolist(),
-               "weighting": weighting, "rows": rows}
+               "weighting": weighting, "student_init": init.get("init_from", "start"), "rows": rows}
     with open(os.path.join(model_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=1)
     with open(os.path.join(model_dir, "results.md"), "w") as f:
