@@ -56,12 +56,13 @@ def check_texts(texts, where: str = "encode") -> list[str]:
 class Tokenizer:
     """Wraps a Hugging Face tokenizer loaded with AutoTokenizer.from_pretrained(local_dir)."""
 
-    def __init__(self, hf_tokenizer, max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS, lowercase: bool = False):
+    def __init__(self, hf_tokenizer, max_length: int, buckets: Sequence[int] = DEFAULT_BUCKETS, lowercase: bool = False,
+                 source_dir: str | None = None):
         self.hf = hf_tokenizer
         self.max_length = int(max_length)
         self.buckets = tuple(sorted(b for b in buckets if b < self.max_length)) + (self.max_length,)
         self.lowercase = lowercase
-        self.source_dir: str | None = None  # the directory it was loaded from (its vocabulary files)
+        self.source_dir = source_dir  # the directory it was loaded from (its vocabulary files)
         pad = hf_tokenizer.pad_token_id
         self.pad_id = 0 if pad is None else int(pad)
 
@@ -78,9 +79,7 @@ class Tokenizer:
         if max_length is None:
             model_max = getattr(hf, "model_max_length", None)
             max_length = model_max if model_max and model_max < 100_000 else 512
-        tokenizer = cls(hf, max_length, buckets, lowercase)
-        tokenizer.source_dir = model_dir
-        return tokenizer
+        return cls(hf, max_length, buckets, lowercase, source_dir=model_dir)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids (with special tokens) of each text, truncated to max_length; no padding."""
