@@ -127,7 +127,9 @@ class Tokenizer:
 
     def save_pretrained(self, out_dir: str):
         self.hf.save_pretrained(out_dir)
-        for name in self.VOCAB_FILES if self.source_dir else ():
+        if not self.source_dir:
+            return
+        for name in self.VOCAB_FILES:
             src, dst = os.path.join(self.source_dir, name), os.path.join(out_dir, name)
             if os.path.isfile(src) and not os.path.exists(dst):
                 shutil.copyfile(src, dst)

@@ -20,23 +20,35 @@ import sys
 EQUAL_STEPS = ["--gin.sentemb_jax.train.time_budget_s=None"]
 BASELINES = "gin/runs/distill_baselines_cpu.gin"
 QDC = "--gin.sentemb_jax.QueueDistillConfig"
+THIRTY_MINUTES = "--gin.sentemb_jax.train.time_budget_s=1800"
 SCT_PROXY = [*EQUAL_STEPS, "--gin.NUM_STEPS=100", "--gin.sentemb_jax.train.eval_every=25"]
+
+
+def peak_lr(lr: float) -> list[str]:
+    return [f"--gin.sentemb_jax.learning_rate_schedule.peak={lr:g}"]
+
+
+def sct_temperatures(reference: float, online: float) -> list[str]:
+    return [f"{QDC}.reference_temperature={reference:g}", f"{QDC}.online_temperature={online:g}"]
+
+
 # The CPU variants carry the settings selected on STS-B dev (sct_cpu.gin lr 1e-4, sct_distill_cpu.gin
 # tau 0.05 / 0.07); the runs made with SCT's Table 1 values name them.
-TABLE1_LR = ["--gin.sentemb_jax.learning_rate_schedule.peak=3e-4"]
-TABLE1_TEMPS = [f"{QDC}.reference_temperature=0.02", f"{QDC}.online_temperature=0.03"]
+TABLE1_LR = peak_lr(3e-4)
+TABLE1_TEMPS = sct_temperatures(0.02, 0.03)
+SELECTED_TEMPS = sct_temperatures(0.05, 0.07)
 # name -> (gin file, extra bindings)
 RUNS = {
     "congen_10min": ("gin/runs/congen_cpu.gin", []),
     "l2_10min": (BASELINES, ["--gin.BASELINE='l2'"]),
-    "congen_30min": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=1050"]),
+    "congen_30min": ("gin/runs/congen_cpu.gin", [THIRTY_MINUTES, "--gin.NUM_STEPS=1050"]),
     # Table 7's queue for MiniLM-L6 / BERT-Small (MiniLM-L3's is the 16384 above), for the longer
     # budget; the larger queue costs time per step, hence the shorter schedule.
-    "congen_30min_k65536": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=900",
+    "congen_30min_k65536": ("gin/runs/congen_cpu.gin", [THIRTY_MINUTES, "--gin.NUM_STEPS=900",
                                                         "--gin.sentemb_jax.QueueDistillConfig.queue_size=65536"]),
     # lr 1e-3: the better of the two 10-minute changes on STS-B dev (83.81 vs 83.53; tau_S 0.05: 82.92).
-    "congen_30min_lr1e-3": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.train.time_budget_s=1800", "--gin.NUM_STEPS=1050",
-                                                        "--gin.sentemb_jax.learning_rate_schedule.peak=1e-3"]),
+    "congen_30min_lr1e-3": ("gin/runs/congen_cpu.gin", [THIRTY_MINUTES, "--gin.NUM_STEPS=1050",
+                                                        *peak_lr(1e-3)]),
     "congen": ("gin/runs/congen_cpu.gin", EQUAL_STEPS),
     "l2": (BASELINES, ["--gin.BASELINE='l2'", *EQUAL_STEPS]),
     "dual_l2": (BASELINES, ["--gin.BASELINE='dual_l2'", *EQUAL_STEPS]),
@@ -46,27 +58,23 @@ RUNS = {
     "sct_distill_10min": ("gin/runs/sct_distill_cpu.gin", TABLE1_TEMPS),
     # 100-step proxies of sct_distill for tuning on STS-B dev (equal steps, one change each).
     "sct_distill_p100": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, *TABLE1_TEMPS]),
-    "sct_distill_p100_tau05_07": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, f"{QDC}.reference_temperature=0.05",
-                                                                   f"{QDC}.online_temperature=0.07"]),
-    "sct_distill_p100_lr5e-4": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, *TABLE1_TEMPS, "--gin.sentemb_jax.learning_rate_schedule.peak=5e-4"]),
-    "sct_distill_p100_tau05_07_lr1e-4": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, f"{QDC}.reference_temperature=0.05",
-                                                                         f"{QDC}.online_temperature=0.07",
-                                                                         "--gin.sentemb_jax.learning_rate_schedule.peak=1e-4"]),
-    "sct_distill_10min_tau05_07": ("gin/runs/sct_distill_cpu.gin", [f"{QDC}.reference_temperature=0.05",
-                                                                    f"{QDC}.online_temperature=0.07"]),
+    "sct_distill_p100_tau05_07": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, *SELECTED_TEMPS]),
+    "sct_distill_p100_lr5e-4": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, *TABLE1_TEMPS, *peak_lr(5e-4)]),
+    "sct_distill_p100_tau05_07_lr1e-4": ("gin/runs/sct_distill_cpu.gin", [*SCT_PROXY, *SELECTED_TEMPS,
+                                                                         *peak_lr(1e-4)]),
+    "sct_distill_10min_tau05_07": ("gin/runs/sct_distill_cpu.gin", SELECTED_TEMPS),
     # 100-step proxies of sct (self-supervised) on STS-B dev, one change each.
     "sct_p100": ("gin/runs/sct_cpu.gin", [*SCT_PROXY, *TABLE1_LR]),
-    "sct_p100_tau05_07": ("gin/runs/sct_cpu.gin", [*SCT_PROXY, *TABLE1_LR, f"{QDC}.reference_temperature=0.05",
-                                                   f"{QDC}.online_temperature=0.07"]),
-    "sct_p100_lr1e-4": ("gin/runs/sct_cpu.gin", [*SCT_PROXY, "--gin.sentemb_jax.learning_rate_schedule.peak=1e-4"]),
+    "sct_p100_tau05_07": ("gin/runs/sct_cpu.gin", [*SCT_PROXY, *TABLE1_LR, *SELECTED_TEMPS]),
+    "sct_p100_lr1e-4": ("gin/runs/sct_cpu.gin", [*SCT_PROXY, *peak_lr(1e-4)]),
     # ConGen in 10 minutes, one change each, selected on STS-B dev for the 30-minute run.
     "congen_10min_tauS05": ("gin/runs/congen_cpu.gin", [f"{QDC}.student_temperature=0.05"]),
-    "congen_10min_lr1e-3": ("gin/runs/congen_cpu.gin", ["--gin.sentemb_jax.learning_rate_schedule.peak=1e-3"]),
+    "congen_10min_lr1e-3": ("gin/runs/congen_cpu.gin", peak_lr(1e-3)),
     "sct": ("gin/runs/sct_cpu.gin", [*TABLE1_LR, *EQUAL_STEPS]),
-    "sct_lr1e-4": ("gin/runs/sct_cpu.gin", ["--gin.sentemb_jax.learning_rate_schedule.peak=1e-4", *EQUAL_STEPS]),
+    "sct_lr1e-4": ("gin/runs/sct_cpu.gin", [*peak_lr(1e-4), *EQUAL_STEPS]),
     "simcse_unsup": ("gin/runs/simcse_unsup_student_cpu.gin", EQUAL_STEPS),
     # SimCSE at SimCSE's BERT-base lr 3e-5: a 100-step run at 3e-5 peaked at STS-B dev 74.52 (1e-4: 72.75).
-    "simcse_unsup_lr3e-5": ("gin/runs/simcse_unsup_student_cpu.gin", [*EQUAL_STEPS, "--gin.sentemb_jax.learning_rate_schedule.peak=3e-5"]),
+    "simcse_unsup_lr3e-5": ("gin/runs/simcse_unsup_student_cpu.gin", [*EQUAL_STEPS, *peak_lr(3e-5)]),
 }
 DEFAULT_RUNS = ["congen_10min", "l2_10min", "congen_30min", "dual_l2", "skd", "ckd", "sct_distill", "sct", "sct_lr1e-4",
                 "simcse_unsup", "simcse_unsup_lr3e-5"]
