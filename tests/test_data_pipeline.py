@@ -138,6 +138,38 @@ def test_precomputed_view_column(minilm_dir, tmp_path):
         assert batch["view2_input_ids"][i, : batch["view2_attention_mask"][i].sum()].tolist() == hf(bt)["input_ids"]
 
 
+def test_neighbour_view_is_the_next_row_of_the_same_file(minilm_dir, tmp_path):
+    """view2 'neighbour' = the next accepted row of the same file (the previous one for a file's
+    last row), in every shuffled epoch; never a row of the other file; view_texts gives the same."""
+    from sentemb_jax.data.files import FileSpec, index_rows, neighbour_positions
+    from sentemb_jax.data.tasks import view_texts
+
+    a = ["Alpha one is here.", "!!!!", "Alpha two is here.", "Alpha three is here."]  # "!!!!" is cleaned out
+    b = ["Beta one is here.", "Beta two is here."]
+    (tmp_path / "a.tsv").write_text("sentence\n" + "\n".join(a) + "\n")
+    (tmp_path / "b.tsv").write_text("sentence\n" + "\n".join(b) + "\n")
+    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": ["a.tsv", "b.tsv"]},
+                           views=("none", "neighbour"), clean=True, kinds=("sentences",))
+    rows = [a[0], a[2], a[3], b[0], b[1]]
+    expected = {rows[0]: rows[1], rows[1]: rows[2], rows[2]: rows[1], rows[3]: rows[4], rows[4]: rows[3]}
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(minilm_dir)
+    decode = lambda ids, m: hf.decode(ids[: m.sum()], skip_special_tokens=True)  # noqa: E731
+    seen = {}
+    for batch in InputPipeline(names["sentences"], batch_size=5, sequence_length=32, seed=1, num_epochs=2):
+        for i in range(5):
+            v1 = decode(batch["view1_input_ids"][i], batch["view1_attention_mask"][i])
+            seen.setdefault(v1, set()).add(decode(batch["view2_input_ids"][i], batch["view2_attention_mask"][i]))
+    assert seen == {hf.decode(hf(k)["input_ids"], skip_special_tokens=True): {hf.decode(hf(v)["input_ids"], skip_special_tokens=True)}
+                    for k, v in expected.items()}
+    assert view_texts(names["sentences"], 1) == [expected[r] for r in rows]
+    single = index_rows(FileSpec(str(tmp_path / "b.tsv"), {"text": "sentence"}))
+    assert neighbour_positions(single, [0, 1]).tolist() == [1, 0]
+    with pytest.raises(IndexError):
+        neighbour_positions(single, [2])
+
+
 def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
     with pytest.raises(DataError, match=r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="):
         register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))

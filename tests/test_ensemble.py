@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -34,12 +35,12 @@ def _loss_numpy(s, t, lam, tau, regression):
     logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
     info = -np.mean(np.diag(logp))
     d = s - t
-    if regression == "mae":
-        reg = np.mean(np.abs(d))
+    if regression == "mae":  # eq. 4: per sentence, summed over the dimensions; mean over the batch
+        reg = np.mean(np.abs(d).sum(1))
     elif regression == "mse":
-        reg = np.mean(d ** 2)
+        reg = np.mean((d ** 2).sum(1))
     elif regression == "smooth_l1":
-        reg = np.mean(np.where(np.abs(d) < 1, 0.5 * d ** 2, np.abs(d) - 0.5))
+        reg = np.mean(np.where(np.abs(d) < 1, 0.5 * d ** 2, np.abs(d) - 0.5).sum(1))
     else:
         tl = tn @ tn.T / tau
         tlog = tl - np.log(np.exp(tl).sum(1, keepdims=True))
@@ -54,10 +55,12 @@ def test_combined_loss_equals_hand_computed(regression):
     t = rng.standard_normal((6, 5)).astype(np.float32)
     got = float(losses.ensemble_distillation_loss(s, t, 0.1, 0.3, regression))
     assert got == pytest.approx(_loss_numpy(s.astype(np.float64), t.astype(np.float64), 0.1, 0.3, regression), rel=1e-5)
-    # lambda = 0: the regression term alone; eq. 4's MAE of two fixed rows by hand.
-    a, b = np.array([[1.0, -2.0]], np.float32), np.array([[0.5, 0.0]], np.float32)
-    if regression == "mae":
-        assert float(losses.ensemble_distillation_loss(a, b, 0.0, 0.3, "mae")) == pytest.approx((0.5 + 2.0) / 2)
+    # lambda = 0: the regression term alone, by hand: eq. 4 is 1/M sum_i ||t_i - s_i||_1 (M = 2 rows).
+    a, b = np.array([[1.0, -2.0], [0.0, 3.0]], np.float32), np.array([[0.5, 0.0], [1.0, 1.0]], np.float32)
+    by_hand = {"mae": ((0.5 + 2.0) + (1.0 + 2.0)) / 2, "mse": ((0.25 + 4.0) + (1.0 + 4.0)) / 2,
+               "smooth_l1": ((0.125 + 1.5) + (0.5 + 1.5)) / 2}
+    if regression in by_hand:
+        assert float(losses.ensemble_distillation_loss(a, b, 0.0, 0.3, regression)) == pytest.approx(by_hand[regression])
 
 
 class _Fixed:
@@ -93,6 +96,28 @@ def test_bad_student_init_is_refused_before_any_training(tmp_path):
         ensemble_distill(model_dir=str(tmp_path / "run"), submodels=[never], student=never, distill=None,
                          student_init="first_submodel")
     assert not (tmp_path / "run").exists()
+
+
+def test_submodel_average_is_the_elementwise_mean_and_refuses_other_architectures(tmp_path, minilm_dir):
+    from hf_models import make_minilm_shaped_bert
+
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.methods.ensemble import average_submodels
+
+    for seed in (0, 1, 2):
+        make_minilm_shaped_bert(tmp_path / f"m{seed}", minilm_dir, layers=1, seed=seed)
+    make_minilm_shaped_bert(tmp_path / "deeper", minilm_dir, layers=2, seed=3)
+    paths = [str(tmp_path / f"m{seed}") for seed in (0, 1, 2)]
+    out = average_submodels(paths, str(tmp_path / "avg"))
+    avg = SentenceEncoder.from_pretrained(out)
+    parts = [SentenceEncoder.from_pretrained(p) for p in paths]
+    leaves = [jax.tree_util.tree_leaves(p.params) for p in parts]
+    assert len(leaves[0]) > 10 and sum(not np.allclose(a, b) for a, b in zip(*leaves[:2])) == 9  # 9 weight matrices differ
+    for got, *want in zip(jax.tree_util.tree_leaves(avg.params), *leaves):
+        np.testing.assert_allclose(np.asarray(got), np.mean([np.asarray(w) for w in want], 0), rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="deeper differs from .* in architecture or pooling"):
+        average_submodels([paths[0], str(tmp_path / "deeper")], str(tmp_path / "bad"))
+    assert not os.path.exists(tmp_path / "bad")
 
 
 def test_junk_cleaning():
@@ -132,7 +157,8 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, mi
     assert list(result["rows"]) == ["submodel 1", "submodel 2", "ensemble", "distilled student"]
     assert sum(result["weights"]) == pytest.approx(1.0) and len(result["submodel_dev"]) == 2
     assert np.isfinite(result["ensemble_dev"]) and np.isfinite(result["student_dev"])
-    np.testing.assert_allclose(result["weights"], ensemble_weights(result["submodel_dev"], "softmax"), rtol=1e-9)
+    assert result["weighting"] == "uniform"  # the CPU job's choice (gin/ensemble_distill.gin)
+    np.testing.assert_allclose(result["weights"], ensemble_weights(result["submodel_dev"], "uniform"), rtol=1e-9)
     assert all(np.isfinite(r["STSB"]) and np.isfinite(r["avg"]) for r in result["rows"].values())
     assert "1 junk texts cleaned out" in proc.stderr  # the trailing 'ok'
     cached = [f for f in os.listdir(tmp_path / "cache") if f.endswith(".npy")]

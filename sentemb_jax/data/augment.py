@@ -9,6 +9,11 @@ epoch's views are fixed by the pipeline seed and resumption reproduces them exac
 * `span_masking`: on token ids, replace one contiguous span of ceil(rate * tokens) tokens by a
   mask id ([MASK] for BERT, a sentinel for T5); special tokens are never masked.
 * `column:<name>`: a precomputed view read from an extra column (e.g. back-translations).
+* `neighbour`: the next sentence of the same file (the previous one for a file's last row): in a
+  document-ordered file (Wikipedia sentences) a view that shares the topic but not the words -
+  the ensemble paper's pair mode with a neighbouring sentence in place of a round-trip
+  translation (positives from the same document, as in DeCLUTR). Unsupervised; meaningless in a
+  file whose rows are not in document order.
 * `fixed:<augmentation>`: the text augmentation drawn once per sentence (seeded by its row id and
   the view's index, not by the pipeline): the same text in every epoch and run, like a
   precomputed back-translation (SCT's views), so a teacher's embeddings of it can be computed
@@ -68,6 +73,7 @@ def apply_text_augmentation(name: str, text: tf.Tensor, rate: float, seed: tf.Te
 
 
 FIXED = "fixed:"
+NEIGHBOUR = "neighbour"
 
 
 def fixed_seed(row_id: tf.Tensor, view_index: int) -> tf.Tensor:
@@ -89,7 +95,9 @@ def check_view(name: str) -> str:
         return name
     if name.startswith(FIXED) and name[len(FIXED):] in TEXT_AUGMENTATIONS:
         return name
+    if name == NEIGHBOUR:
+        return name
     if name not in TEXT_AUGMENTATIONS + ID_AUGMENTATIONS:
-        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS}, 'column:<name>' or "
-                     f"'fixed:<one of {TEXT_AUGMENTATIONS}>'")
+        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS}, 'column:<name>', "
+                         f"{NEIGHBOUR!r} or 'fixed:<one of {TEXT_AUGMENTATIONS}>'")
     return name

@@ -341,6 +341,19 @@ def read_rows(index: RowIndex | ConcatRowIndex, order: Sequence[int] | None = No
             yield _validate_example(part.spec, example, int(part.line_numbers[local]))
 
 
+def neighbour_positions(index: RowIndex | ConcatRowIndex, positions: Sequence[int]) -> np.ndarray:
+    """The row next to each position in the same file: p + 1, or p - 1 for a file's last row (p
+    itself when the file has one row). Neighbours never cross from one file of a split to another."""
+    parts = index.parts if isinstance(index, ConcatRowIndex) else [index]
+    starts = np.cumsum([0] + [len(p) for p in parts])
+    positions = np.asarray(positions, np.int64)
+    if positions.size and (positions.min() < 0 or positions.max() >= starts[-1]):
+        raise IndexError(f"row positions outside 0..{int(starts[-1]) - 1}")
+    ends = starts[np.searchsorted(starts, positions, side="right")]  # one past each row's file
+    first = starts[np.searchsorted(starts, positions, side="right") - 1]
+    return np.where(positions + 1 < ends, positions + 1, np.maximum(positions - 1, first))
+
+
 def source_lines(index: RowIndex | ConcatRowIndex, positions: Sequence[int]) -> list[str]:
     """`path:line` of each row position (what a bad batch came from)."""
     parts = index.parts if isinstance(index, ConcatRowIndex) else [index]

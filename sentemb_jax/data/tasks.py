@@ -10,7 +10,7 @@ registers (names are `sentemb_<kind>`):
 | `sentemb_nli_triples` | anchor, positive, negative | nli/triples.tsv |
 | `sentemb_nli_pairs` | anchor, positive | nli/pairs.tsv, label == entailment |
 | `sentemb_sts_pairs` | sentence1, sentence2, score | stsb/{train,dev,test}.tsv (splits train/validation/test) |
-| `sentemb_sentences` | view1, view2 (augmented views of one text) | nli/sentences.tsv |
+| `sentemb_sentences` | view1, view2 (augmented views of one text, or its neighbour) | nli/sentences.tsv |
 | `sentemb_qa_nli_pairs` (mixture) | anchor, positive | commqa + nli_pairs, by size |
 
 and TFDS-backed tasks for users with prepared TFDS data: `sentemb_tfds_snli`,
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from sentemb_jax.data import augment
 from sentemb_jax.data.files import (ConcatRowIndex, DataError, FileSpec, RowIndex, index_rows, missing_file_message,
-                                    read_rows)
+                                    neighbour_positions, read_rows)
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,15 @@ class RowFileSource(seqio.DataSource):
     """
 
     def __init__(self, specs: Mapping[str, FileSpec | Sequence[FileSpec]], on_bad_row: str = "error",
-                 score_field: str | None = None):
+                 score_field: str | None = None, neighbour_of: str | None = None):
+        """neighbour_of: a text field; each example also carries, as `neighbour`, that field of the
+        row next to it in its file (files.neighbour_positions): the `neighbour` view's text."""
         # A split may be several files of the same columns, read as one (row ids run across them).
         self._specs = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in specs.items()}
         self._on_bad_row = on_bad_row
         self._indexes: dict[str, RowIndex | ConcatRowIndex] = {}
         self._score_field = score_field
+        self._neighbour_of = neighbour_of
         super().__init__(splits=list(specs), num_input_examples=None, caching_permitted=True, performs_internal_shuffling=True)
 
     @property
@@ -103,10 +106,15 @@ class RowFileSource(seqio.DataSource):
         if spec.score_field:
             signature[spec.score_field] = tf.TensorSpec((), tf.float32)
         signature["row_id"] = tf.TensorSpec((), tf.int64)
+        if self._neighbour_of:
+            signature[augment.NEIGHBOUR] = tf.TensorSpec((), tf.string)
 
         def rows():
+            neighbours = read_rows(index, neighbour_positions(index, order)) if self._neighbour_of else None
             for pos, example in zip(order, read_rows(index, order)):
                 example["row_id"] = int(pos)
+                if neighbours is not None:
+                    example[augment.NEIGHBOUR] = next(neighbours)[self._neighbour_of]
                 yield example
 
         return tf.data.Dataset.from_generator(rows, output_signature=signature)
@@ -136,12 +144,13 @@ def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str
     def fn(ex, seeds):
         ex = dict(ex)
         for i, view in enumerate(views):
-            source = ex[view[len("column:"):]] if view.startswith("column:") else ex[text_field]
+            precomputed = view.startswith("column:") or view == augment.NEIGHBOUR  # a text of its own, unchanged
+            source = ex[view[len("column:"):] if view.startswith("column:") else view] if precomputed else ex[text_field]
             if view.startswith(augment.FIXED):
                 text = augment.apply_text_augmentation(view[len(augment.FIXED):], source, rate,
                                                        augment.fixed_seed(ex["row_id"], i))
             else:
-                text = augment.apply_text_augmentation("none" if view.startswith("column:") else view, source, rate, seeds[i])
+                text = augment.apply_text_augmentation("none" if precomputed else view, source, rate, seeds[i])
             ex[f"view{i + 1}"] = text
         return ex
 
@@ -163,12 +172,15 @@ def sentence_texts(task_name: str) -> list[str]:
 
 def view_texts(task_name: str, view_index: int, sentences: Sequence[str] | None = None) -> list[str] | None:
     """Every train row's text of view `view_index` (0 or 1) when it is the same in every epoch
-    ('none', 'column:<name>', 'fixed:<augmentation>'), in row order; None for a view drawn anew
-    each epoch. sentences: sentence_texts(task_name), when the caller has read them already."""
+    ('none', 'column:<name>', 'neighbour', 'fixed:<augmentation>'), in row order; None for a view
+    drawn anew each epoch. sentences: sentence_texts(task_name), when the caller has read them already."""
     views, rate = sentence_views(task_name)
     view = views[view_index]
+    index = seqio.get_mixture_or_task(task_name).source.index("train")
     if view.startswith("column:"):
-        return [row[view[len("column:"):]] for row in read_rows(seqio.get_mixture_or_task(task_name).source.index("train"))]
+        return [row[view[len("column:"):]] for row in read_rows(index)]
+    if view == augment.NEIGHBOUR:
+        return [row["text"] for row in read_rows(index, neighbour_positions(index, np.arange(len(index))))]
     if view != "none" and not view.startswith(augment.FIXED):
         return None
     sentences = sentence_texts(task_name) if sentences is None else sentences
@@ -283,7 +295,8 @@ def register_tasks(
             for part in spec if isinstance(spec, tuple) else (spec,):
                 if not os.path.isfile(part.path):
                     raise DataError(missing_file_message(part))
-        source = RowFileSource(specs, on_bad_row)
+        source = RowFileSource(specs, on_bad_row,
+                               neighbour_of="text" if kind == "sentences" and augment.NEIGHBOUR in views else None)
         pre, post = [], []
         if kind == "sentences":
             pre = [functools.partial(make_views, text_field="text", views=views, rate=augment_rate)]

@@ -28,7 +28,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 WEIGHTINGS = ("uniform", "softmax")
-STUDENT_INITS = ("start", "best_submodel")
+STUDENT_INITS = ("start", "best_submodel", "submodel_average")
 
 
 def ensemble_weights(scores: Sequence[float], weighting: str = "softmax", temperature: float = 1.0) -> np.ndarray:
@@ -116,7 +116,9 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
       its layers they keep (for the "student before" row).
     student_init: 'start' - the student starts where its gin scope says (the submodels' start, as
       the paper's student starts from the pre-trained model); 'best_submodel' - from the submodel
-      with the best STS-B dev (same size), so distillation moves it towards the ensemble.
+      with the best STS-B dev (same size), so distillation moves it towards the ensemble;
+      'submodel_average' - from the element-wise average of the submodels' parameters (same
+      architecture and pooling required).
     """
     from sentemb_jax.data.files import default_data_dir
     from sentemb_jax.evaluation.jobs import sts_scores
@@ -155,6 +157,9 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     if student_init == "best_submodel":  # already the student's size: no layers to drop
         init = {"init_from": paths[int(np.argmax(dev))], "init_layers": None}
         log.info("student starts from %s (best STS-B dev of the submodels)", init["init_from"])
+    elif student_init == "submodel_average":
+        init = {"init_from": average_submodels(paths, os.path.join(model_dir, "submodel_average")), "init_layers": None}
+        log.info("student starts from the average of the submodels' parameters, %s", init["init_from"])
     out = student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"), **init)
     student_dev = float(out["best"]["stsb_dev_spearman"]) if out.get("best") else None
     rows["distilled student"] = sts_scores(os.path.join(student_dir, "model"), os.path.join(student_dir, "eval"), data_dir)
@@ -169,6 +174,29 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
                 f"student {student_text}; weights ({weighting}): {np.round(weights, 4).tolist()}\n\n{table}\n")
     print(table)
     return summary
+
+
+def average_submodels(paths: Sequence[str], out_dir: str) -> str:
+    """Save the submodels' parameters averaged element-wise (a uniform weight average, "model soup")
+    to out_dir and return it. Submodels fine-tuned a few hundred steps from one start stay in one
+    basin, so the average is one model of the same size close to the ensemble: a student start."""
+    import jax
+
+    from sentemb_jax.encoder import SentenceEncoder
+
+    encoders = [SentenceEncoder.from_pretrained(p) for p in paths]
+    first = encoders[0]
+    for path, e in zip(paths[1:], encoders[1:]):
+        same_shapes = (jax.tree_util.tree_structure(e.params) == jax.tree_util.tree_structure(first.params)
+                       and all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(e.params),
+                                                                  jax.tree_util.tree_leaves(first.params))))
+        if not same_shapes or e.config != first.config or tuple(e.module.pooling) != tuple(first.module.pooling):
+            raise ValueError(f"student_init='submodel_average': {path} differs from {paths[0]} in architecture or "
+                             "pooling; only submodels of one architecture and pooling can be averaged")
+    first.params = jax.tree_util.tree_map(lambda *xs: np.mean(np.stack([np.asarray(x, np.float32) for x in xs]), 0),
+                                          *[e.params for e in encoders])
+    first.save_pretrained(out_dir)
+    return out_dir
 
 
 def _start_model(teacher: str, layers: int | None):

@@ -321,7 +321,7 @@ class QueueDistillMethod:
             if texts is None:
                 raise ValueError(f"{cfg.method}: the teacher's view1 embeddings are computed once, so view1 must be the "
                                  f"same in every epoch; task {task_name!r} draws it anew ({sentence_views(task_name)[0][0]!r}). "
-                                 "Use 'none', 'fixed:<augmentation>' or 'column:<name>' (register_tasks.views)")
+                                 "Use 'none', 'fixed:<augmentation>', 'neighbour' or 'column:<name>' (register_tasks.views)")
             self.teacher_rows = cached_teacher_embeddings(self.teacher, texts, cfg.cache_dir, cfg.teacher_batch_size)
         if cfg.method == "sct_distill":
             texts2 = view_texts(task_name, 1, sentences)
