@@ -81,3 +81,18 @@ def test_model_size_files_match_published_counts(name):
     count = _abstract_param_count(tower_module())
     gin.clear_config()
     assert abs(count - PUBLISHED[name]) / PUBLISHED[name] < 0.03, (name, count)
+
+
+def test_data_dir_binding_reaches_the_training_job(tmp_path, minilm_dir):
+    """--gin.DATA_DIR is where `train` reads its tasks from, not $SENTEMB_DATA_DIR / ../shared/data
+    (train passes its own data_dir to register_tasks): a missing folder is named in the error."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SENTEMB_DATA_DIR"}
+    missing = tmp_path / "no_data_here"
+    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/tiny_t5_nli.gin",
+                           f"--gin.MODEL_PATH='{minilm_dir}'", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+                           f"--gin.DATA_DIR='{missing}'"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    assert f"error: {missing}/qa/cqa_qatarliving.jsonl: no such file" in proc.stderr, proc.stderr[-2000:]
