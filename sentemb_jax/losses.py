@@ -124,13 +124,11 @@ def ensemble_distillation_loss(student: Array, teacher: Array, weight: float = 0
     """weight * InfoNCE(student, teacher; tau) + (1 - weight) * regression(student, teacher).
 
     InfoNCE: student embedding i against every teacher embedding of the batch (cosine / tau), the
-    positive being teacher i (teacher fixed). regression (eq. 4 and Table 4's ablation), each a
-    distance per sentence averaged over the batch: 'mae' 1/M sum_i ||t_i - s_i||_1 (eq. 4: summed
-    over the embedding's D dimensions, not averaged over them - averaged, as torch's L1Loss does,
-    its gradient is D times smaller and the InfoNCE term, meant as "slack", outweighs it: students
-    then moved away from the ensemble, 0.97 -> 0.82 cosine, measured), 'mse' 1/M sum_i ||t_i - s_i||^2,
-    'smooth_l1' (Huber, beta 1, summed over dimensions), or 'kl' KL(softmax(t_i . t_j / tau) ||
-    softmax(s_i . t_j / tau)) over the batch.
+    positive being teacher i (teacher fixed). regression (eq. 4 and Table 4's ablation): 'mae'
+    1/M sum_i ||t_i - s_i||_1, 'mse' 1/M sum_i ||t_i - s_i||^2, 'smooth_l1' (Huber, beta 1) - each
+    summed over the D dimensions as eq. 4 is (a mean over them, as torch's L1Loss takes, makes the
+    gradient D times smaller; students then drifted from the ensemble, 0.97 -> 0.82 cosine) and
+    averaged over the batch - or 'kl' KL(softmax(t_i . t_j / tau) || softmax(s_i . t_j / tau)).
     """
     s = student.astype(jnp.float32)
     t = jax.lax.stop_gradient(teacher.astype(jnp.float32))
@@ -138,12 +136,10 @@ def ensemble_distillation_loss(student: Array, teacher: Array, weight: float = 0
     tn = t / jnp.linalg.norm(t, axis=-1, keepdims=True)
     logits = sn @ tn.T / temperature
     info_nce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(s.shape[0])))
-    if regression == "mae":
-        reg = jnp.mean(jnp.sum(jnp.abs(s - t), axis=-1))
-    elif regression == "mse":
-        reg = jnp.mean(jnp.sum(jnp.square(s - t), axis=-1))
-    elif regression == "smooth_l1":
-        reg = jnp.mean(jnp.sum(optax.huber_loss(s, t, delta=1.0), axis=-1))
+    elementwise = {"mae": lambda: jnp.abs(s - t), "mse": lambda: jnp.square(s - t),
+                   "smooth_l1": lambda: optax.huber_loss(s, t, delta=1.0)}
+    if regression in elementwise:
+        reg = jnp.mean(jnp.sum(elementwise[regression](), axis=-1))
     elif regression == "kl":
         reg = distribution_kl(tn @ tn.T / temperature, logits)
     else:

@@ -73,7 +73,16 @@ def apply_text_augmentation(name: str, text: tf.Tensor, rate: float, seed: tf.Te
 
 
 FIXED = "fixed:"
+COLUMN = "column:"
 NEIGHBOUR = "neighbour"
+
+
+def precomputed_field(view: str) -> str | None:
+    """The example field that holds a view's own text, used unchanged ('column:<name>' -> name,
+    'neighbour' -> 'neighbour'); None for a view made from the row's text."""
+    if view.startswith(COLUMN):
+        return view[len(COLUMN):]
+    return NEIGHBOUR if view == NEIGHBOUR else None
 
 
 def fixed_seed(row_id: tf.Tensor, view_index: int) -> tf.Tensor:
@@ -91,7 +100,7 @@ def fixed_view_texts(texts: Sequence[str], view: str, rate: float, view_index: i
 
 
 def check_view(name: str) -> str:
-    if name.startswith("column:") and len(name) > len("column:"):
+    if name.startswith(COLUMN) and len(name) > len(COLUMN):
         return name
     if name.startswith(FIXED) and name[len(FIXED):] in TEXT_AUGMENTATIONS:
         return name

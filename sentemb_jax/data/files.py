@@ -349,9 +349,8 @@ def neighbour_positions(index: RowIndex | ConcatRowIndex, positions: Sequence[in
     positions = np.asarray(positions, np.int64)
     if positions.size and (positions.min() < 0 or positions.max() >= starts[-1]):
         raise IndexError(f"row positions outside 0..{int(starts[-1]) - 1}")
-    ends = starts[np.searchsorted(starts, positions, side="right")]  # one past each row's file
-    first = starts[np.searchsorted(starts, positions, side="right") - 1]
-    return np.where(positions + 1 < ends, positions + 1, np.maximum(positions - 1, first))
+    part = np.searchsorted(starts, positions, side="right")  # 1 + the file each row is in
+    return np.where(positions + 1 < starts[part], positions + 1, np.maximum(positions - 1, starts[part - 1]))
 
 
 def source_lines(index: RowIndex | ConcatRowIndex, positions: Sequence[int]) -> list[str]:

@@ -144,13 +144,13 @@ def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str
     def fn(ex, seeds):
         ex = dict(ex)
         for i, view in enumerate(views):
-            precomputed = view.startswith("column:") or view == augment.NEIGHBOUR  # a text of its own, unchanged
-            source = ex[view[len("column:"):] if view.startswith("column:") else view] if precomputed else ex[text_field]
+            field = augment.precomputed_field(view)  # a text of its own, used unchanged
+            source = ex[field or text_field]
             if view.startswith(augment.FIXED):
                 text = augment.apply_text_augmentation(view[len(augment.FIXED):], source, rate,
                                                        augment.fixed_seed(ex["row_id"], i))
             else:
-                text = augment.apply_text_augmentation("none" if precomputed else view, source, rate, seeds[i])
+                text = augment.apply_text_augmentation("none" if field else view, source, rate, seeds[i])
             ex[f"view{i + 1}"] = text
         return ex
 
@@ -176,14 +176,15 @@ def view_texts(task_name: str, view_index: int, sentences: Sequence[str] | None 
     drawn anew each epoch. sentences: sentence_texts(task_name), when the caller has read them already."""
     views, rate = sentence_views(task_name)
     view = views[view_index]
-    index = seqio.get_mixture_or_task(task_name).source.index("train")
-    if view.startswith("column:"):
-        return [row[view[len("column:"):]] for row in read_rows(index)]
-    if view == augment.NEIGHBOUR:
-        return [row["text"] for row in read_rows(index, neighbour_positions(index, np.arange(len(index))))]
-    if view != "none" and not view.startswith(augment.FIXED):
+    if view.startswith(augment.COLUMN):
+        index = seqio.get_mixture_or_task(task_name).source.index("train")
+        return [row[augment.precomputed_field(view)] for row in read_rows(index)]
+    if view not in ("none", augment.NEIGHBOUR) and not view.startswith(augment.FIXED):
         return None
     sentences = sentence_texts(task_name) if sentences is None else sentences
+    if view == augment.NEIGHBOUR:
+        index = seqio.get_mixture_or_task(task_name).source.index("train")
+        return [sentences[p] for p in neighbour_positions(index, np.arange(len(sentences)))]
     return list(sentences) if view == "none" else augment.fixed_view_texts(sentences, view, rate, view_index)
 
 

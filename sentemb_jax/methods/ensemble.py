@@ -186,11 +186,9 @@ def average_submodels(paths: Sequence[str], out_dir: str) -> str:
 
     encoders = [SentenceEncoder.from_pretrained(p) for p in paths]
     first = encoders[0]
+    shapes = lambda e: jax.tree_util.tree_map(np.shape, e.params)  # noqa: E731
     for path, e in zip(paths[1:], encoders[1:]):
-        same_shapes = (jax.tree_util.tree_structure(e.params) == jax.tree_util.tree_structure(first.params)
-                       and all(a.shape == b.shape for a, b in zip(jax.tree_util.tree_leaves(e.params),
-                                                                  jax.tree_util.tree_leaves(first.params))))
-        if not same_shapes or e.config != first.config or tuple(e.module.pooling) != tuple(first.module.pooling):
+        if shapes(e) != shapes(first) or e.config != first.config or tuple(e.module.pooling) != tuple(first.module.pooling):
             raise ValueError(f"student_init='submodel_average': {path} differs from {paths[0]} in architecture or "
                              "pooling; only submodels of one architecture and pooling can be averaged")
     first.params = jax.tree_util.tree_map(lambda *xs: np.mean(np.stack([np.asarray(x, np.float32) for x in xs]), 0),
