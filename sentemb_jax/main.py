@@ -8,8 +8,8 @@ checkpoint, model directory, a config's validation) -> its message and exit code
 from __future__ import annotations
 
 import argparse
-import logging
 import os
+import re
 import sys
 import tokenize
 import traceback
@@ -20,7 +20,8 @@ import gin
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
-USAGE = "python -m sentemb_jax.main --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...] [--gin_search_path=DIR]"
+USAGE = ("python -m sentemb_jax.main --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...] [--gin_search_path=DIR] "
+         "[--verbosity=0|1|2]")
 
 
 class UsageError(Exception):
@@ -43,6 +44,8 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     parser = argparse.ArgumentParser(prog="sentemb_jax.main", usage=USAGE)
     parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     parser.add_argument("--gin_search_path", action="append", default=[], help="extra directory for gin includes")
+    parser.add_argument("--verbosity", default="0", help="0: our lines only (default); 1: + library warnings; "
+                        "2: + library INFO. Everything goes to the log file (MODEL_DIR/run.log)")
     args, rest = parser.parse_known_args(argv)
     bindings = []
     for arg in rest:
@@ -136,40 +139,102 @@ def run(job=gin.REQUIRED):
     return job()
 
 
+def split_gin_context(message: str) -> tuple[str, list[str]]:
+    """gin appends "  In call to configurable 'x' (<function ...>)" lines to an exception's
+    message: the message alone (for the console) and those lines (for the log file)."""
+    lines = message.split("\n")
+    context = [line for line in lines if _GIN_CONTEXT.match(line)]
+    return "\n".join(line for line in lines if not _GIN_CONTEXT.match(line)).rstrip(), context
+
+
+_GIN_CONTEXT = re.compile(r"^\s+In call to configurable '")
+
+
+def _model_dir_of_config() -> str | None:
+    try:
+        value = gin.query_parameter("MODEL_DIR/gin.macro.value")
+    except (ValueError, KeyError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" noise on CPU
     argv = sys.argv[1:] if argv is None else argv
-    from sentemb_jax.checkpoints import CheckpointError
-    from sentemb_jax.data.files import DataError
-    from sentemb_jax.tokenization import TokenizerError
-    from sentemb_jax.training.trainer import TrainingError
+    try:
+        verbosity = _verbosity(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from sentemb_jax.console import Console
+
+    console = Console(verbosity, argv).start()
+    try:
+        return _run_job(argv, console)
+    finally:
+        console.finish()
+
+
+def _run_job(argv: list[str], console) -> int:
+    def fail(e: BaseException, code: int, prefix: str = "") -> int:
+        message, context = split_gin_context(str(e))
+        if code != 2:
+            console.log_only("".join(traceback.format_exception(e)))
+            if os.environ.get("SENTEMB_TRACEBACK"):
+                traceback.print_exception(e)  # sys.stderr: the console
+        else:
+            console.log_only("\n".join(context))
+        if code != 2:
+            console.say(f"log: {console.log_path}")
+        console.say(f"error: {prefix}{message}")
+        return code
 
     try:
-        register_configurables()
         files, bindings, search = parse_args(argv)
+        from sentemb_jax.checkpoints import CheckpointError
+        from sentemb_jax.data.files import DataError
+        from sentemb_jax.tokenization import TokenizerError
+        from sentemb_jax.training.trainer import TrainingError
+
+        register_configurables()
         parse_gin(files, bindings, search)
         from sentemb_jax.distributed import initialize_distributed
 
-        initialize_distributed()  # multi-host runs: before anything touches a device
+        several = initialize_distributed()  # multi-host runs: before anything touches a device
+        console.use_model_dir(_model_dir_of_config(), _process_index() if several else 0)
         try:
             run()
         except RuntimeError as e:
             # gin raises RuntimeError("Required bindings for `x` not provided in config: [...]").
             if "Required bindings" in str(e):
-                raise UsageError(f"gin configuration error: {e}") from None
+                raise UsageError(f"gin configuration error: {split_gin_context(str(e))[0]}") from None
             raise
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e, 2)
+    except KeyboardInterrupt as e:
+        return fail(e, 130, "interrupted")
     except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError, ValueError) as e:
         # Our errors and bad values (ValueError: a config's validation, e.g. QueueDistillConfig)
-        # end the job with their message, not a traceback (SENTEMB_TRACEBACK=1 shows it).
-        if os.environ.get("SENTEMB_TRACEBACK"):
-            traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        # end the job with their message; the traceback goes to the log file.
+        return fail(e, 1)
+    except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in the log file
+        return fail(e, 1, f"unexpected {type(e).__name__} (a bug; its traceback is in the log): ")
     return 0
+
+
+def _verbosity(argv: list[str]) -> int:
+    for i, arg in enumerate(argv):
+        if arg == "--verbosity" or arg.startswith("--verbosity="):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value not in ("0", "1", "2"):
+                raise UsageError(f"--verbosity={value}: must be 0 (our lines), 1 (+ library warnings) or 2 (+ library INFO)")
+            return int(value)
+    return 0
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
 
 
 if __name__ == "__main__":

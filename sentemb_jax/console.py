@@ -1,0 +1,196 @@
+"""What a job prints, and the log file that keeps everything else.
+
+The console (stderr) gets our own lines: the `sentemb_jax.*` loggers at INFO as plain text (their
+warnings as `warning: ...`), progress bars, tables on stdout, and the error as the last line.
+Library records (orbax, absl, TensorFlow, jax, matplotlib, ...) and the native stderr of the C++
+runtimes (TensorFlow / XLA / libtpu start-up lines) go to the log file only, unless
+`--verbosity` asks for them:
+
+  0 (default)  as above;
+  1            library warnings and errors on the console as well, native stderr left alone;
+  2            every library record at INFO on the console.
+
+The log file holds every record at INFO (DEBUG with verbosity 2), the native stderr, the gin
+context of an error and the traceback of an unexpected one. It is `MODEL_DIR/run.log` when the
+job has a MODEL_DIR (appended; each invocation starts with a header line), otherwise
+`~/.cache/sentemb_jax/logs/<time>-<pid>.log`; the job starts writing to the latter and moves to
+MODEL_DIR once the gin configuration names it.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+import tempfile
+
+OURS = "sentemb_jax"
+LOG_NAME = "run.log"
+_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _cache_log_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sentemb_jax", "logs")
+
+
+class _ConsoleHandler(logging.Handler):
+    """Writes to whatever `stream()` returns at emit time (pytest swaps sys.stderr per test)."""
+
+    def __init__(self, verbosity: int, stream):
+        super().__init__(logging.DEBUG)
+        self.verbosity = verbosity
+        self.stream = stream
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ours = record.name == OURS or record.name.startswith(OURS + ".")
+        if ours:
+            return record.levelno >= logging.INFO
+        return record.levelno >= (logging.INFO if self.verbosity >= 2 else logging.WARNING if self.verbosity >= 1
+                                  else logging.CRITICAL + 1)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.name == OURS or record.name.startswith(OURS + "."):
+                if record.levelno >= logging.WARNING:
+                    msg = f"{record.levelname.lower()}: {msg}"
+            else:
+                msg = f"{record.name}: {record.levelname}: {msg}"
+            stream = self.stream()
+            stream.write(msg + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+class Console:
+    """Set up by `start()`, pointed at MODEL_DIR by `use_model_dir()`, closed by `finish()`.
+
+    In a command-line process (sys.stderr is the process's real stderr) file descriptor 2 is
+    redirected into the log file at verbosity 0, so native libraries' start-up lines land there;
+    our own lines go to a duplicate of the original stderr. Called in-process (tests, notebooks,
+    where sys.stderr has been replaced) only the Python logging handlers are installed.
+    """
+
+    def __init__(self, verbosity: int = 0, argv: list[str] | None = None):
+        self.verbosity = verbosity
+        self.argv = list(argv or [])
+        self.log_path: str | None = None
+        self._file = None
+        self._file_handler: logging.Handler | None = None
+        self._console_handler: logging.Handler | None = None
+        self._saved_root: tuple | None = None
+        self._console_fd: int | None = None
+        self._console_stream = None
+        self._redirected = False
+        self._temporary = False
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def start(self) -> "Console":
+        os.makedirs(_cache_log_dir(), exist_ok=True)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        fd, path = tempfile.mkstemp(prefix=f"{stamp}-{os.getpid()}-", suffix=".log", dir=_cache_log_dir())
+        os.close(fd)
+        self._open_log(path, temporary=True)
+        if self.verbosity == 0 and sys.stderr is sys.__stderr__ and sys.__stderr__ is not None:
+            self._redirect_native_stderr()
+        root = logging.getLogger()
+        self._saved_root = (root.level, list(root.handlers))
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        root.setLevel(logging.DEBUG if self.verbosity >= 2 else logging.INFO)
+        stream = (lambda: self._console_stream) if self._redirected else (lambda: sys.stderr)
+        self._console_handler = _ConsoleHandler(self.verbosity, stream)
+        root.addHandler(self._console_handler)
+        root.addHandler(self._file_handler)
+        logging.captureWarnings(True)  # Python warnings: library chatter, to the log file
+        if self.verbosity < 1:
+            # TensorFlow's C++ logging when stderr is not redirected (in-process calls).
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        return self
+
+    def _open_log(self, path: str, temporary: bool) -> None:
+        self._file = open(path, "a", encoding="utf-8", buffering=1)
+        self._file.write(f"==== {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} "
+                         f"pid {os.getpid()}: python -m sentemb_jax.main {' '.join(self.argv)}\n")
+        self._file.flush()
+        handler = logging.StreamHandler(self._file)
+        handler.setFormatter(_FORMAT)
+        handler.setLevel(logging.DEBUG)
+        if self._file_handler is not None:
+            logging.getLogger().removeHandler(self._file_handler)
+            logging.getLogger().addHandler(handler)
+        self._file_handler = handler
+        self.log_path, self._temporary = path, temporary
+
+    def _redirect_native_stderr(self) -> None:
+        sys.stderr.flush()
+        self._console_fd = os.dup(2)
+        self._console_stream = os.fdopen(self._console_fd, "w", buffering=1, encoding="utf-8", errors="replace")
+        os.dup2(self._file.fileno(), 2)
+        sys.stderr = self._console_stream  # tqdm, print(file=sys.stderr) and tracebacks stay on the console
+        self._redirected = True
+
+    def use_model_dir(self, model_dir: str | None, process_index: int = 0) -> None:
+        """Move the log into MODEL_DIR (local directories; a bucket keeps the local file)."""
+        if not model_dir or "://" in model_dir or not self._temporary:
+            return
+        try:
+            os.makedirs(model_dir, exist_ok=True)
+            target = os.path.join(model_dir, LOG_NAME if process_index == 0 else f"run.process{process_index}.log")
+            self._file.flush()
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                earlier = f.read()
+            new = open(target, "a", encoding="utf-8", buffering=1)
+        except OSError:
+            return  # the job reports an unusable MODEL_DIR itself; the log stays where it is
+        new.write(earlier)
+        new.flush()
+        old, old_path = self._file, self.log_path
+        self._file = new
+        handler = logging.StreamHandler(new)
+        handler.setFormatter(_FORMAT)
+        root = logging.getLogger()
+        root.removeHandler(self._file_handler)
+        root.addHandler(handler)
+        self._file_handler = handler
+        if self._redirected:
+            os.dup2(new.fileno(), 2)
+        old.close()
+        os.unlink(old_path)
+        self.log_path, self._temporary = target, False
+
+    # -- output --------------------------------------------------------------------------------
+
+    def log_only(self, text: str) -> None:
+        """Lines for the log file alone (gin context, tracebacks)."""
+        if self._file is not None:
+            self._file.write(text.rstrip("\n") + "\n")
+            self._file.flush()
+
+    def say(self, line: str) -> None:
+        stream = self._console_stream if self._redirected else sys.stderr
+        stream.write(line + "\n")
+        stream.flush()
+        self.log_only(line)
+
+    def finish(self) -> None:
+        """Remove the handlers (so main() can run again in the same process). In a command-line
+        process the native stderr stays in the log file until exit: nothing a runtime prints at
+        shutdown lands after the job's last line."""
+        root = logging.getLogger()
+        for h in (self._console_handler, self._file_handler):
+            if h is not None:
+                root.removeHandler(h)
+        if self._saved_root is not None:
+            root.setLevel(self._saved_root[0])
+            for h in self._saved_root[1]:
+                root.addHandler(h)
+        logging.captureWarnings(False)
+        if self._file is not None:
+            self._file.flush()
+            if not self._redirected:
+                self._file.close()
+                self._file = None

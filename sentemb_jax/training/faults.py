@@ -1,0 +1,65 @@
+"""Deterministic fault injection for tests of kill-and-resume: no wall-clock race.
+
+    SENTEMB_FAULT=after_step:N   SIGKILL right after step N's update has been checkpointed (if
+                                 step N is a checkpoint step, once its write is finalised) - the
+                                 moment between two checkpoints
+    SENTEMB_FAULT=in_save:N      SIGKILL inside the write of step N's checkpoint: every byte is
+                                 written under orbax's temporary name, the rename that finalises
+                                 it has not happened (the moment a half-written checkpoint exists)
+
+Unset (always, outside tests) it does nothing. The train loop calls `install()` once and
+`after_step(step, wait)` after each step.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+ENV = "SENTEMB_FAULT"
+KINDS = ("after_step", "in_save")
+
+
+def planned() -> tuple[str, int] | None:
+    value = os.environ.get(ENV)
+    if not value:
+        return None
+    kind, _, step = value.partition(":")
+    if kind not in KINDS or not step.isdigit():
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(k + ':<step>' for k in KINDS)}")
+    return kind, int(step)
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def install() -> None:
+    """For in_save:N, make orbax's finalisation of checkpoint N (a directory named N under a
+    `checkpoints` directory) kill the process before it renames the temporary directory."""
+    plan = planned()
+    if plan is None or plan[0] != "in_save":
+        return
+    from orbax.checkpoint._src.path import atomicity  # the class whose finalize() renames tmp -> N
+
+    cls = atomicity.AtomicRenameTemporaryPath
+    if getattr(cls.finalize, "_sentemb_fault", False):
+        return
+    original = cls.finalize
+
+    @functools.wraps(original)
+    async def finalize(self):
+        final = self.get_final()
+        if final.name == str(plan[1]) and final.parent.name == "checkpoints":
+            _die()
+        return await original(self)
+
+    finalize._sentemb_fault = True
+    cls.finalize = finalize
+
+
+def after_step(step: int, wait_for_checkpoint) -> None:
+    plan = planned()
+    if plan is not None and plan == ("after_step", step):
+        wait_for_checkpoint()  # a checkpoint of this step, if one was started, is finalised first
+        _die()
