@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import sys
 from typing import Any, Sequence
 
 import jax
@@ -147,6 +148,10 @@ def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_ta
     for chunk, result in pending:
         out[chunk] = np.asarray(result)[: len(chunk)]
     return out
+
+
+def _stderr_is_terminal() -> bool:
+    return bool(getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
 
 
 class SentenceEncoder:
@@ -285,7 +290,9 @@ class SentenceEncoder:
         if not texts:
             return np.zeros((0, dim), np.float32)
         ids = self.tokenizer.tokenize(texts)
-        show = len(texts) >= _PROGRESS_MIN_SENTENCES if show_progress_bar is None else show_progress_bar
+        # Default: a bar for long inputs on a terminal only (a log file gets no carriage-return frames).
+        show = (len(texts) >= _PROGRESS_MIN_SENTENCES and _stderr_is_terminal()) if show_progress_bar is None \
+            else show_progress_bar
 
         def embed(chunk, rows):
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
