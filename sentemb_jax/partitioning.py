@@ -41,7 +41,14 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 
 @gin.configurable(module="sentemb_jax")
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, model) mesh; -1 for `data` takes the devices left over."""
+    """A (data, fsdp, model) mesh; -1 for `data` takes the devices left over.
+
+    TPU v4 / v5p: one device per chip (megacore), as jax.devices() gives them on a TPU VM; the
+    compile-only devices of `get_topology_desc(..., chip_config_name='megacore')` too (per-core
+    devices are refused with that hint). Several slices (devices with distinct `slice_index`,
+    Multislice over DCN): the `data` axis spans the slices - each slice holds data / num_slices
+    of it, fsdp and model stay within a slice on ICI (create_hybrid_device_mesh).
+    """
     devices = list(devices if devices is not None else jax.devices())
     if data == -1:
         if len(devices) % (fsdp * model):
@@ -50,7 +57,33 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[j
     if data * fsdp * model != len(devices):
         raise ValueError(f"mesh data={data} x fsdp={fsdp} x model={model} != {len(devices)} devices")
     auto = (jax.sharding.AxisType.Auto,) * 3  # t5x-style propagation needs Auto axes
+    _check_one_device_per_chip(devices)
+    slices = num_slices(devices)
+    if slices > 1:
+        if data % slices:
+            raise ValueError(f"mesh data={data} must be a multiple of the {slices} slices (the data axis spans them over "
+                             f"DCN; fsdp={fsdp} x model={model} stay within a slice)")
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp, model), (slices, 1, 1), devices,
+                                                    allow_split_physical_axes=True)
+        return Mesh(grid, MESH_AXES, axis_types=auto)
     return jax.make_mesh((data, fsdp, model), MESH_AXES, axis_types=auto, devices=devices)
+
+
+def num_slices(devices: Sequence[jax.Device]) -> int:
+    """How many TPU slices (Multislice, joined over DCN) the devices come from; 1 elsewhere."""
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def _check_one_device_per_chip(devices: Sequence[jax.Device]) -> None:
+    kind = str(getattr(devices[0], "device_kind", ""))
+    per_core = kind.startswith(("TPU v4", "TPU v5")) and "lite" not in kind and any(
+        getattr(d, "core_on_chip", 0) for d in devices)
+    if per_core:
+        raise ValueError(f"{kind}: these devices are TensorCores (two per chip); a mesh needs one device per chip "
+                         "(megacore). From jax.experimental.topologies.get_topology_desc ask for "
+                         "chip_config_name='megacore' (on a TPU VM, jax.devices() is megacore already)")
 
 
 def logical_specs(abstract_tree) -> Any:

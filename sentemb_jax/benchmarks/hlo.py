@@ -1,0 +1,346 @@
+"""Read a compiled (SPMD-partitioned, per-device) HLO module's text: how often each computation
+runs, the matmul FLOPs with loop trip counts, and the bytes each kind of collective moves.
+
+XLA's `cost_analysis()` counts a while loop's body once (a `lax.scan` over layers is one
+iteration's worth), so with `scan_layers=True` its FLOPs are ~layers times too low. Here every
+computation gets a multiplicity - 1 for the entry, x trip count for a while body (read from the
+loop condition `i < N` or `known_trip_count`), inherited by the fusions / calls it makes - and the
+matmuls (`dot`, `convolution`) and collectives are counted that many times.
+
+    stats = analyze(compiled.as_text())
+    stats.matmul_flops, stats.matmul_flops_once, stats.collective_bytes  # per device
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+               "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5,
+               "token": 0}
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+_COMP_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+(?:fn)?)?)\[([\d,]*)\]")
+_OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    shape: str  # the text before the opcode: "bf16[4,32]{...}" or a tuple "(f32[..], ...)"
+    opcode: str
+    operands: list[str]
+    attrs: str
+    line: str
+
+
+@dataclasses.dataclass
+class Computation:
+    name: str
+    entry: bool
+    instructions: list[Instruction]
+
+    def by_name(self) -> dict[str, Instruction]:
+        return {i.name: i for i in self.instructions}
+
+
+@dataclasses.dataclass
+class HloStats:
+    matmul_flops: float  # per device, loops counted trip-count times
+    matmul_flops_once: float  # the same with every computation counted once (as cost_analysis does)
+    collective_bytes: dict  # kind -> bytes sent per device (loops counted trip-count times)
+    collective_counts: dict  # kind -> number of executions
+    trip_counts: dict  # while body computation -> trip count
+    largest_all_gather: float  # bytes of the largest single all-gather result (whole-parameter gathers show here)
+
+
+def array_shapes(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Every array shape in a shape string ('(bf16[2,3]{1,0}, f32[])' -> [('bf16', (2, 3)), ('f32', ())])."""
+    out = []
+    for dtype, dims in _ARRAY.findall(text):
+        if dtype in DTYPE_BYTES:
+            out.append((dtype, tuple(int(d) for d in dims.split(",") if d)))
+    return out
+
+
+def shape_bytes(text: str) -> float:
+    return float(sum(DTYPE_BYTES[d] * math.prod(s) for d, s in array_shapes(text)))
+
+
+def _split_top(s: str) -> list[str]:
+    """Split on commas not nested in (), [], {}."""
+    parts, depth, cur = [], 0, []
+    for ch in s:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if cur and "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+def _parse_instruction(line: str) -> Instruction | None:
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    name, rest = m.group(2), m.group(3)
+    # The shape ends where the opcode starts: the first " opcode(" at nesting depth 0.
+    depth, cut = 0, None
+    for i, ch in enumerate(rest):
+        if ch in "([{":
+            if ch == "(" and depth == 0 and i > 0 and rest[i - 1] not in " ,":
+                j = i - 1
+                while j >= 0 and (rest[j].isalnum() or rest[j] in "-_"):
+                    j -= 1
+                if j >= 0 and rest[j] == " ":
+                    cut = (j, i)
+                    break
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+    if cut is None:
+        return None
+    shape, opcode = rest[: cut[0]].strip(), rest[cut[0] + 1: cut[1]]
+    depth, end = 0, None
+    for i in range(cut[1], len(rest)):
+        if rest[i] == "(":
+            depth += 1
+        elif rest[i] == ")":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    inner = rest[cut[1] + 1: end] if end else ""
+    operands = [p.split()[-1].lstrip("%") for p in _split_top(inner) if p and p.split()]
+    attrs = rest[end + 1:] if end else ""
+    return Instruction(name, shape, opcode, operands, attrs, line)
+
+
+def parse_module(text: str) -> dict[str, Computation]:
+    comps: dict[str, Computation] = {}
+    current = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if current is None:
+            m = _COMP_HEAD.match(line)
+            if m:
+                current = Computation(m.group(2), bool(m.group(1)), [])
+            continue
+        if line.strip() == "}":
+            comps[current.name] = current
+            current = None
+            continue
+        inst = _parse_instruction(line)
+        if inst is not None:
+            current.instructions.append(inst)
+    return comps
+
+
+def _callees(inst: Instruction) -> list[tuple[str, str]]:
+    """(role, computation) pairs an instruction calls."""
+    out = []
+    for role in ("calls", "body", "condition", "to_apply"):
+        for m in re.finditer(rf"\b{role}=%?([\w.\-]+)", inst.attrs):
+            out.append((role, m.group(1)))
+    for m in re.finditer(r"branch_computations=\{([^}]*)\}", inst.attrs):
+        out += [("branch", c.strip().lstrip("%")) for c in m.group(1).split(",") if c.strip()]
+    return out
+
+
+def trip_count(inst: Instruction, comps: dict[str, Computation]) -> int:
+    """Iterations of a while loop: backend_config known_trip_count, else the condition `i < N`."""
+    m = re.search(r'"known_trip_count":\{"n":"(\d+)"', inst.attrs)
+    if m:
+        return int(m.group(1))
+    cond = next((c for r, c in _callees(inst) if r == "condition"), None)
+    comp = comps.get(cond)
+    if comp is None:
+        return 1
+    names = comp.by_name()
+    root = next((i for i in comp.instructions if i.line.lstrip().startswith("ROOT")), None)
+    if root is None or root.opcode != "compare":
+        return 1
+    direction = re.search(r"direction=(\w+)", root.attrs)
+    for operand in root.operands:
+        const = names.get(operand)
+        if const is not None and const.opcode == "constant":
+            value = re.search(r"constant\((-?\d+)\)", const.line)
+            if value:
+                n = int(value.group(1))
+                return max(1, n + 1 if direction and direction.group(1) == "LE" else n)
+    return 1
+
+
+def multiplicities(comps: dict[str, Computation]) -> tuple[dict[str, float], dict[str, int]]:
+    """How many times each computation runs per call of the entry (scalar to_apply reducers: 0 -
+    their cost belongs to the reduce / all-reduce that applies them)."""
+    edges: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    trips: dict[str, int] = {}
+    for comp in comps.values():
+        for inst in comp.instructions:
+            for role, callee in _callees(inst):
+                if role == "to_apply":
+                    continue
+                factor = 1.0
+                if inst.opcode == "while":
+                    n = trip_count(inst, comps)
+                    if role == "body":
+                        trips[callee] = n
+                        factor = n
+                    else:
+                        factor = n + 1
+                edges[comp.name].append((callee, factor))
+    mult: dict[str, float] = defaultdict(float)
+    entry = next((c.name for c in comps.values() if c.entry), None)
+    if entry is None:
+        return {}, trips
+    # Computations form a DAG: accumulate in topological order from the entry.
+    order, seen = [], set()
+
+    def visit(name):
+        if name in seen:
+            return
+        seen.add(name)
+        for callee, _ in edges.get(name, ()):
+            visit(callee)
+        order.append(name)
+
+    visit(entry)
+    mult[entry] = 1.0
+    for name in reversed(order):
+        for callee, factor in edges.get(name, ()):
+            mult[callee] += mult[name] * factor
+    return dict(mult), trips
+
+
+def matmul_flops(inst: Instruction, names: dict[str, Instruction]) -> float:
+    """2 x output elements x contraction size of a dot / convolution (0 for anything else)."""
+    out = array_shapes(inst.shape)
+    if not out or inst.opcode not in ("dot", "convolution"):
+        return 0.0
+    out_elems = math.prod(out[0][1])
+    if inst.opcode == "dot":
+        lhs = names.get(inst.operands[0]) if inst.operands else None
+        dims = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", inst.attrs)
+        if lhs is None or not dims:
+            return 0.0
+        shape = array_shapes(lhs.shape)[0][1]
+        k = math.prod(shape[int(d)] for d in dims.group(1).split(",") if d)
+        return 2.0 * out_elems * k
+    lhs = names.get(inst.operands[0]) if inst.operands else None
+    kernel = names.get(inst.operands[1]) if len(inst.operands) > 1 else None
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", inst.attrs)
+    if lhs is None or kernel is None or not labels:
+        return 0.0
+    ilab, klab, olab = labels.groups()
+    lshape, kshape, oshape = array_shapes(lhs.shape)[0][1], array_shapes(kernel.shape)[0][1], out[0][1]
+    k = float(kshape[klab.index("i")])
+    # Spatial dims: count the window taps that land on real input (not padding, not the holes of an
+    # lhs dilation) - dots with batch dimensions are written as such convolutions on TPU.
+    window = re.search(r"window=\{([^}]*)\}", inst.attrs)
+    fields = dict(f.split("=", 1) for f in window.group(1).split()) if window else {}
+    spatial = sorted(c for c in klab if c.isdigit())
+
+    def per_dim(key, default):
+        value = fields.get(key)
+        return [default] * len(spatial) if value is None else value.split("x")
+
+    sizes = [int(x) for x in per_dim("size", 1)]
+    strides = [int(x) for x in per_dim("stride", 1)]
+    pads = [int(x.split("_")[0]) for x in per_dim("pad", "0_0")]
+    lhs_dil = [int(x) for x in per_dim("lhs_dilate", 1)]
+    rhs_dil = [int(x) for x in per_dim("rhs_dilate", 1)]
+    for j, d in enumerate(spatial):
+        n, n_out = lshape[ilab.index(d)], oshape[olab.index(d)]
+        span = (n - 1) * lhs_dil[j]
+        valid = 0
+        for pos in range(n_out):
+            for t in range(sizes[j]):
+                x = pos * strides[j] + t * rhs_dil[j] - pads[j]
+                valid += 0 <= x <= span and x % lhs_dil[j] == 0
+        k *= valid / max(n_out, 1)
+    return 2.0 * out_elems * k
+
+
+def collective_kind(opcode: str) -> str | None:
+    for kind in COLLECTIVES:
+        if opcode == kind or opcode == kind + "-start":
+            return kind
+    return None
+
+
+def group_size(attrs: str, default: int) -> int:
+    """Devices in each replica group: `{{0,1},{2,3}}`, iota `[2,4]<=[8]` or `mesh['a'=4,'b'=2] {'a'}`."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if m:
+        sizes = dict((k.strip().strip("'"), int(v)) for k, v in (p.split("=") for p in m.group(1).split(",") if "=" in p))
+        axes = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
+        return math.prod(sizes.get(a, 1) for a in axes) if axes else default
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=", attrs)
+    if m:
+        return int(m.group(1).split(",")[-1])
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if m:
+        return len([x for x in m.group(1).split(",") if x])
+    return default
+
+
+def collective_bytes(inst: Instruction, names: dict[str, Instruction], devices: int) -> float:
+    """Bytes one device sends for a collective (ring algorithms, group of n):
+    all-gather (n-1)/n x result, reduce-scatter (n-1)/n x input, all-reduce 2 (n-1)/n x input,
+    all-to-all (n-1)/n x input, collective-permute: the whole input."""
+    kind = collective_kind(inst.opcode)
+    if kind is None:
+        return 0.0
+    n = group_size(inst.attrs, devices)
+    operand_bytes = sum(shape_bytes(names[o].shape) for o in inst.operands if o in names)
+    if kind == "collective-permute":
+        return operand_bytes
+    if n <= 1:
+        return 0.0
+    share = (n - 1) / n
+    if kind == "all-gather":
+        shapes = array_shapes(inst.shape)
+        if inst.opcode.endswith("-start"):  # (operands..., results...): the second half
+            shapes = shapes[len(shapes) // 2:]
+        return share * sum(DTYPE_BYTES[d] * math.prod(s) for d, s in shapes)
+    if kind == "all-reduce":
+        return 2 * share * operand_bytes
+    return share * operand_bytes
+
+
+def analyze(text: str, devices: int = 1) -> HloStats:
+    comps = parse_module(text)
+    mult, trips = multiplicities(comps)
+    flops = flops_once = 0.0
+    coll = {k: 0.0 for k in COLLECTIVES}
+    counts = {k: 0 for k in COLLECTIVES}
+    largest = 0.0
+    for comp in comps.values():
+        m = mult.get(comp.name, 0.0)
+        names = None
+        for inst in comp.instructions:
+            if inst.opcode in ("dot", "convolution"):
+                names = names or comp.by_name()
+                f = matmul_flops(inst, names)
+                flops += m * f
+                flops_once += f if m else 0.0
+            kind = collective_kind(inst.opcode)
+            if kind is not None and m:
+                names = names or comp.by_name()
+                coll[kind] += m * collective_bytes(inst, names, devices)
+                counts[kind] += int(m)
+                if kind == "all-gather":
+                    shapes = array_shapes(inst.shape)
+                    largest = max([largest] + [DTYPE_BYTES[d] * math.prod(s) for d, s in shapes])
+    return HloStats(flops, flops_once, coll, counts, trips, largest)

@@ -1,0 +1,399 @@
+"""Compile a config for a TPU slice with the TPU compiler - no TPU needed - and predict its step.
+
+    python -m sentemb_jax.benchmarks.tpu_compile --topology v5e:8x8 --gin_file gin/st5_11b.gin
+    python -m sentemb_jax.benchmarks.tpu_compile --topology v5e:2x2 --topology v4:2x2x1 \\
+        --gin_file gin/st5_base.gin --gin_file gin/st5_large.gin --gin.sentemb_jax.train.batch_size=2048
+    python -m sentemb_jax.benchmarks.tpu_compile --search --gin_file gin/st5_3b.gin   # smallest slice + mesh
+    python -m sentemb_jax.benchmarks.tpu_compile --program encode --topology v3:2x2 --gin_file gin/st5_11b.gin \\
+        --batch 1024
+
+libtpu (`pip install libtpu==0.0.42.1`, in the `test` extra) gives the abstract devices of any
+slice (`jax.experimental.topologies.get_topology_desc`); the program `sentemb_jax.main` would
+run for the gin file (sentemb_jax/benchmarks/aot.py: the sharded train step with its optimizer,
+mesh, dtype, scan and remat, on `jax.ShapeDtypeStruct`s - no weights) is lowered on a mesh of
+them and compiled by the real TPU compiler. One row per (config, topology, mesh):
+
+* HBM per chip from the compiled executable's memory analysis: arguments / temporaries / outputs
+  not aliased to donated inputs, against the chip's HBM;
+* FLOPs per chip per step: XLA's cost_analysis() counts a while loop (the scanned layers) once,
+  so the matmuls are counted from the compiled HLO with each loop body's trip count
+  (sentemb_jax/benchmarks/hlo.py) and the rest scaled by the same loop factor; beside it
+  6 x N x tokens (N: matmul parameters);
+* bytes accessed (cost_analysis as reported) and the bytes each chip sends per
+  collective kind (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute);
+* a roofline step time max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
+  bandwidth from CHIPS (published per-chip figures), and from it MFU and examples/s.
+Every step time, MFU and examples/s is PREDICTED BY THE COMPILER, NOT MEASURED.
+
+Exit status: 0 all fit; 3 some config does not fit (the shortfall in GiB per chip is printed);
+2 bad arguments (e.g. an unknown topology); 1 libtpu missing.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import re
+import sys
+import time
+
+GIB = 2**30
+PREDICTED = "predicted by the compiler, not measured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Published figures per jax device (a chip; a TensorCore for v2 / v3, whose devices are cores)."""
+
+    name: str
+    peak_bf16: float  # FLOP/s
+    hbm_bytes: float
+    hbm_bw: float  # bytes/s
+    ici_bw: float  # bytes/s one chip sends (one direction)
+    source: str
+
+
+# Sources (Google Cloud TPU documentation, "System architecture" table of each version's page):
+# v3  https://cloud.google.com/tpu/docs/v3  : 123 TFLOP/s bf16, 32 GiB HBM2 at 900 GB/s per chip of
+#     two TensorCores (a jax device is one core: half of each); ICI per chip not listed - taken as the
+#     pod's all-reduce bandwidth / chips = 340 TB/s / 1024 = 332 GB/s (half per core).
+# v4  https://cloud.google.com/tpu/docs/v4  : 275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s; ICI per chip
+#     not listed - the pod's all-reduce bandwidth / chips = 1.1 PB/s / 4096 = 268 GB/s.
+# v5e https://cloud.google.com/tpu/docs/v5e : 197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, inter-chip
+#     interconnect 1600 Gbps = 200 GB/s (= the pod's 51.2 TB/s all-reduce bandwidth / 256 chips).
+# v5p https://cloud.google.com/tpu/docs/v5p : 459 TFLOP/s bf16, 95 GiB HBM at 2765 GB/s, ICI 4800 Gbps
+#     = 600 GB/s (the page lists 1200 GB/s bidirectional).
+# v6e https://cloud.google.com/tpu/docs/v6e : 918 TFLOP/s bf16, 32 GB HBM at 1640 GB/s, ICI 3584 Gbps
+#     = 448 GB/s (an other edition of the page: 1600 GB/s and 3200 Gbps).
+# HBM is counted in GiB as the compiler's limit is (16 GiB on v5e, 32 GiB on v4 / v6e).
+CHIPS = {
+    "v3": Chip("TPU v3 (per core)", 123e12 / 2, 16 * GIB, 900e9 / 2, 332e9 / 2, "cloud.google.com/tpu/docs/v3"),
+    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, 268e9, "cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 200e9, "cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 600e9, "cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("TPU v6e", 918e12, 32 * GIB, 1640e9, 448e9, "cloud.google.com/tpu/docs/v6e"),
+}
+# Slices known to work with this libtpu (generation:topology; v4 / v5p are given in chips, megacore).
+KNOWN_TOPOLOGIES = {
+    "v3": ["v3:2x2", "v3:4x4", "v3:4x8", "v3:8x8", "v3:8x16", "v3:16x16", "v3:16x32", "v3:32x32"],
+    "v4": ["v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8", "v4:8x8x8"],
+    "v5e": ["v5e:1x1", "v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"],
+    "v5p": ["v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"],
+    "v6e": ["v6e:1x1", "v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"],
+}
+SEARCH_TOPOLOGIES = {"v4": KNOWN_TOPOLOGIES["v4"][:6], "v5e": KNOWN_TOPOLOGIES["v5e"][1:]}
+INSTALL_HINT = ("the TPU compiler needs libtpu: pip install libtpu==0.0.42.1 (the version jax[tpu]==0.10.2 pins), "
+                "or pip install -e '.[test]'")
+
+
+class TopologyError(ValueError):
+    pass
+
+
+class LibtpuMissing(RuntimeError):
+    pass
+
+
+def quiet_compile_only_env() -> None:
+    """On a host without a TPU, libtpu is only the compiler here: let several processes load it
+    (no device is opened, so its single-user lock file is not needed) and give it the host layout
+    it would otherwise look up from the TPU VM metadata (silences its initialisation errors)."""
+    import sentemb_jax
+
+    if sentemb_jax.tpu_attached():
+        return
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+
+
+def generation(topology: str) -> str:
+    gen = topology.split(":")[0].lower()
+    return {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e"}.get(gen, gen)
+
+
+def chip_of(topology: str) -> Chip:
+    gen = generation(topology)
+    if gen not in CHIPS:
+        raise TopologyError(f"no published figures for {gen!r} in CHIPS; known: {sorted(CHIPS)}")
+    return CHIPS[gen]
+
+
+def known_list() -> str:
+    return "; ".join(f"{g}: {', '.join(v)}" for g, v in KNOWN_TOPOLOGIES.items())
+
+
+def topology_devices(topology: str, num_slices: int = 1) -> list:
+    """The abstract devices of a slice (one per chip on v4 / v5p: megacore)."""
+    if importlib.util.find_spec("libtpu") is None:
+        raise LibtpuMissing(INSTALL_HINT)
+    quiet_compile_only_env()
+    if not re.fullmatch(r"[a-z0-9]+:\d+(x\d+){1,2}", topology) or generation(topology) not in KNOWN_TOPOLOGIES:
+        raise TopologyError(f"unknown topology {topology!r} (want generation:AxB or AxBxC); known: {known_list()}")
+    from jax.experimental import topologies
+
+    kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
+    if generation(topology) in ("v4", "v5p"):
+        kwargs["chip_config_name"] = "megacore"
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
+    except Exception as e:  # JaxRuntimeError: INVALID_ARGUMENT ...
+        raise TopologyError(f"topology {topology!r} rejected by libtpu ({str(e).splitlines()[0][:300]}); "
+                            f"known: {known_list()}") from None
+
+
+_OOM = re.compile(r"Used ([\d.]+)([GMK])? of ([\d.]+)([GMK])? hbm\. Exceeded hbm capacity by ([\d.]+)([GMK])?")
+
+
+def _bytes(value: str, unit: str | None) -> float:
+    return float(value) * {"G": GIB, "M": 2**20, "K": 2**10, None: 1, "": 1}[unit]
+
+
+def measure(program, topology: str, chip: Chip, num_slices: int = 1) -> dict:
+    """Compile one program; its row (a dict). A program the compiler cannot fit in HBM gives a row
+    with fits=False and the shortfall the compiler reports."""
+    from sentemb_jax.benchmarks import hlo
+
+    mesh = dict(program.mesh.shape) if program.mesh is not None else {"data": 1, "fsdp": 1, "model": 1}
+    devices = math.prod(mesh.values()) if program.mesh is not None else 1
+    row = {"config": program.label, "kind": program.kind, "topology": topology, "num_slices": num_slices,
+           "devices": devices, "chip": chip.name, "mesh": mesh, "params": program.params,
+           "matmul_params": program.matmul_params, "batch": program.info["batch"], "length": program.info["length"],
+           "sides": program.info["sides"], "dtype": program.info["dtype"], "scan": program.info["scan"],
+           "remat": program.info["remat"], "method": program.info["method"], "notes": list(program.info["notes"]),
+           "hbm_per_chip": chip.hbm_bytes}
+    started = time.perf_counter()
+    try:
+        compiled, seconds = program.compile()
+    except Exception as e:  # the TPU compiler's out-of-memory is a JaxRuntimeError (RESOURCE_EXHAUSTED)
+        text = str(e)
+        m = _OOM.search(text)
+        if "RESOURCE_EXHAUSTED" not in text and m is None:
+            raise
+        row.update(fits=False, compile_s=time.perf_counter() - started, error=text.splitlines()[0][:400])
+        if m:
+            row.update(per_device=_bytes(m.group(1), m.group(2)), shortfall=_bytes(m.group(5), m.group(6)))
+        return row
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    stats = hlo.analyze(compiled.as_text(), devices)
+    per_device = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    flops_reported = float(cost.get("flops", 0.0))
+    # cost_analysis counts each loop body once. Matmuls: counted per iteration from the HLO; the
+    # rest (elementwise, reductions) scaled by the matmuls' loop factor (an upper estimate: some of
+    # it is outside the loops). Tiny T5, scan_layers=True vs an unscanned compile: +2%.
+    loop_factor = stats.matmul_flops / stats.matmul_flops_once if stats.matmul_flops_once else 1.0
+    flops = stats.matmul_flops + max(0.0, flops_reported - stats.matmul_flops_once) * loop_factor
+    # Bytes accessed as reported: on the tiny T5 the scanned compile's figure was within 15% of the
+    # unscanned one (the loop reads its stacked weights and activations as whole arrays already).
+    bytes_accessed = bytes_reported = float(cost.get("bytes accessed", 0.0))
+    collective = sum(stats.collective_bytes.values())
+    chips = devices
+    compute_s, hbm_s = flops / chip.peak_bf16, bytes_accessed / chip.hbm_bw
+    ici_s = collective / chip.ici_bw
+    step_s = max(compute_s, hbm_s) + ici_s
+    model_flops = program.model_flops
+    row.update(
+        fits=per_device <= chip.hbm_bytes, compile_s=seconds, arguments=mem.argument_size_in_bytes,
+        temporaries=mem.temp_size_in_bytes, outputs_not_aliased=mem.output_size_in_bytes - mem.alias_size_in_bytes,
+        per_device=per_device, shortfall=max(0.0, per_device - chip.hbm_bytes),
+        flops_reported=flops_reported, flops=flops, matmul_flops=stats.matmul_flops,
+        matmul_flops_once=stats.matmul_flops_once, loop_trip_counts=sorted(set(stats.trip_counts.values())),
+        model_flops_per_chip=model_flops / chips, bytes_reported=bytes_reported, bytes_accessed=bytes_accessed,
+        collective_bytes=stats.collective_bytes, collective_counts=stats.collective_counts,
+        largest_all_gather=stats.largest_all_gather,
+        predicted={"compute_s": compute_s, "hbm_s": hbm_s, "ici_s": ici_s, "step_s": step_s,
+                   "mfu": model_flops / (step_s * chips * chip.peak_bf16),
+                   "examples_per_s": program.examples / step_s, "bound": "compute" if compute_s >= hbm_s else "HBM",
+                   "note": PREDICTED})
+    return row
+
+
+def fmt_row(r: dict) -> str:
+    mesh = " x ".join(str(r["mesh"].get(k, 1)) for k in ("data", "fsdp", "model"))
+    slices = f" x {r['num_slices']} slices" if r.get("num_slices", 1) > 1 else ""
+    head = (f"| {r['config']} | {r['topology']}{slices} | {r['devices']} | {mesh} | {r['batch']} x {r['length']} | ")
+    hbm = r["hbm_per_chip"] / GIB
+    if "arguments" not in r:
+        return head + (f"does not fit: {r.get('per_device', float('nan')) / GIB:.2f} GiB of {hbm:.0f}, short "
+                       f"{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip | " + " | " * 8)
+    c = r["collective_bytes"]
+    p = r["predicted"]
+    coll = " / ".join(f"{c[k] / 2**20:.0f}" for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                                                     "collective-permute"))
+    return (head + f"{r['arguments'] / GIB:.2f} / {r['temporaries'] / GIB:.2f} / {r['outputs_not_aliased'] / GIB:.2f} | "
+            f"**{r['per_device'] / GIB:.2f}** of {hbm:.0f} {'' if r['fits'] else 'NO'} | "
+            f"{r['flops'] / 1e12:.2f} ({r['flops_reported'] / 1e12:.2f}) | {r['model_flops_per_chip'] / 1e12:.2f} | "
+            f"{r['bytes_accessed'] / 1e9:.1f} | {coll} | {p['step_s'] * 1e3:.0f} ({p['bound']}) | "
+            f"{p['mfu'] * 100:.0f}% | {p['examples_per_s']:.0f} | {r['compile_s']:.0f} |")
+
+
+HEADER = ("| config | topology | chips | mesh (data x fsdp x model) | batch x length | "
+          "HBM per chip GiB: arguments / temporaries / outputs not aliased | per chip GiB of HBM | "
+          "TFLOP per chip per step, loop-corrected (cost_analysis as reported) | 6 x N x tokens per chip TFLOP | "
+          "GB accessed | MiB sent per chip: all-gather / reduce-scatter / all-reduce / all-to-all / collective-permute | "
+          f"step ms ({PREDICTED}) | MFU ({PREDICTED}) | examples/s ({PREDICTED}) | compile s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def split_config(config: str) -> list[str]:
+    """'a.gin+b.gin' -> ['a.gin', 'b.gin'] (gin files combined into one config)."""
+    return [f for f in config.split("+") if f]
+
+
+def mesh_grid(chips: int, layers_hint: int | None = None) -> list[tuple[int, int]]:
+    """(fsdp, model) pairs to try on `chips` devices (data = the rest): fsdp over all, then model
+    parallel 2 / 4 / 8 with fsdp over the rest."""
+    out = [(chips, 1)]
+    for model in (2, 4, 8, 16):
+        if model < chips and chips % model == 0:
+            out.append((chips // model, model))
+    return out
+
+
+def run_programs(configs, topologies, bindings, program_kind, batch=None, length=None, num_slices=1,
+                 meshes=None, on_row=None) -> list[dict]:
+    from sentemb_jax.benchmarks import aot
+
+    rows = []
+    for topology in topologies:
+        chip = chip_of(topology)
+        devices = topology_devices(topology, num_slices)
+        for config in configs:
+            for mesh in meshes or [None]:
+                extra = list(bindings)
+                if mesh is not None:
+                    extra += [f"sentemb_jax.make_mesh.data = -1", f"sentemb_jax.make_mesh.fsdp = {mesh[0]}",
+                              f"sentemb_jax.make_mesh.model = {mesh[1]}"]
+                kwargs = {}
+                if program_kind == "train":
+                    if batch:
+                        extra.append(f"sentemb_jax.train.batch_size = {batch}")
+                    if length:
+                        extra.append(f"sentemb_jax.train.sequence_length = {length}")
+                elif program_kind in ("encode", "encode1"):
+                    kwargs = {"batch_size": batch or 1024, "length": length or 128}
+                for program in aot.build(program_kind, split_config(config), extra, devices, **kwargs):
+                    row = measure(program, topology, chip, num_slices)
+                    rows.append(row)
+                    if on_row:
+                        on_row(row)
+    return rows
+
+
+def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row=None) -> dict:
+    """For each config and generation: the smallest slice on which some mesh of the grid fits, and
+    there the mesh with the lowest predicted step time."""
+    choice = {}
+    for config in configs:
+        for gen, topologies in topologies_by_gen.items():
+            for topology in topologies:
+                chips = len(topology_devices(topology))
+                rows = run_programs([config], [topology], bindings, "train", batch, length,
+                                    meshes=mesh_grid(chips), on_row=on_row)
+                fitting = [r for r in rows if r.get("fits")]
+                if fitting:
+                    best = min(fitting, key=lambda r: r["predicted"]["step_s"])
+                    choice[(config, gen)] = best
+                    break
+            else:
+                choice[(config, gen)] = None
+    return choice
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topology", action="append", default=[], help="e.g. v5e:8x8, v4:2x2x4 (repeatable)")
+    parser.add_argument("--gin_file", action="append", default=[],
+                        help="a config (repeatable; 'a.gin+b.gin' combines files into one config)")
+    parser.add_argument("--program", default="train", choices=["train", "encode", "encode1", "trans_encoder"],
+                        help="train: the train step; encode: SentenceEncoder's function sharded over the mesh; "
+                             "encode1: as SentenceEncoder.encode runs it (one device); trans_encoder: its two steps")
+    parser.add_argument("--batch", type=int, default=None, help="global batch (train.batch_size / encode batch)")
+    parser.add_argument("--length", type=int, default=None, help="sequence length")
+    parser.add_argument("--num_slices", type=int, default=1, help="Multislice: slices joined over DCN (data axis)")
+    parser.add_argument("--mesh", action="append", default=[], help="FSDPxMODEL to try (data = the rest), repeatable")
+    parser.add_argument("--search", action="store_true",
+                        help="smallest v4 and v5e slice (or --topology list) where a mesh of the grid fits, and its fastest mesh")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args, rest = parser.parse_known_args(argv)
+    bindings = []
+    for arg in rest:
+        if arg.startswith("--gin.") and "=" in arg:
+            key, value = arg[len("--gin."):].split("=", 1)
+            bindings.append(f"{key} = {value}")
+        else:
+            parser.error(f"unrecognised argument {arg!r} (bindings are --gin.KEY=VALUE)")
+    if not args.gin_file:
+        parser.error("give at least one --gin_file")
+    if not args.topology and not args.search:
+        parser.error("give --topology (or --search)")
+    meshes = []
+    for m in args.mesh:
+        if not re.fullmatch(r"\d+x\d+", m):
+            parser.error(f"--mesh {m!r}: want FSDPxMODEL, e.g. 8x8")
+        meshes.append(tuple(int(x) for x in m.split("x")))
+    rows: list[dict] = []
+
+    def on_row(r):
+        if len(rows) == 0:
+            print(HEADER, flush=True)
+        rows.append(r)
+        print(fmt_row(r), flush=True)
+
+    try:
+        if importlib.util.find_spec("libtpu") is None:
+            raise LibtpuMissing(INSTALL_HINT)
+        for t in args.topology:  # bad names fail before any compile
+            topology_devices(t, args.num_slices)
+        if args.search:
+            by_gen = {}
+            for t in args.topology:
+                by_gen.setdefault(generation(t), []).append(t)
+            choice = search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row)
+            print(f"\nSmallest slice that fits, and its fastest mesh ({PREDICTED}):")
+            for (config, gen), r in choice.items():
+                if r is None:
+                    print(f"  {config} on {gen}: nothing in the searched slices fits")
+                else:
+                    mesh = " x ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "model"))
+                    print(f"  {config} on {gen}: {r['topology']} ({r['devices']} chips), mesh {mesh}: "
+                          f"{r['per_device'] / GIB:.2f} GiB per chip, step {r['predicted']['step_s'] * 1e3:.0f} ms")
+        else:
+            run_programs(args.gin_file, args.topology, bindings, args.program, args.batch, args.length,
+                         args.num_slices, meshes or None, on_row)
+    except LibtpuMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except TopologyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from sentemb_jax.benchmarks.aot import ConfigError
+        from sentemb_jax.main import UsageError
+
+        if isinstance(e, (ConfigError, UsageError)):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+    finally:
+        if args.json and rows:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1, default=str)
+    short = [r for r in rows if not r.get("fits")]
+    if short and not args.search:
+        for r in short:
+            mesh = " x ".join(str(r["mesh"].get(k, 1)) for k in ("data", "fsdp", "model"))
+            print(f"does not fit: {r['config']} on {r['topology']} (mesh {mesh}) needs "
+                  f"{r.get('per_device', float('nan')) / GIB:.2f} GiB per chip of {r['hbm_per_chip'] / GIB:.0f}: short by "
+                  f"{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
