@@ -181,7 +181,7 @@ def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), device
 
         cfg = gin.get_configurable("sentemb_jax.QueueDistillConfig")()
         method = QueueDistillMethod(cfg, length)
-        teacher_dim = _query("TEACHER_DIM")  # the width of the cached teacher embeddings (no teacher loaded)
+        teacher_dim = _query("%TEACHER_DIM")  # the width of the cached teacher embeddings (no teacher loaded)
         if cfg.needs_cached_teacher or cfg.queue_init == "data":
             if teacher_dim is None:
                 raise ConfigError(f"{cfg.method}: give the teacher's embedding width, e.g. --gin.TEACHER_DIM=768 "

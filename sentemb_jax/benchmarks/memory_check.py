@@ -6,7 +6,8 @@ memory analysis - no weights are allocated (params, optimizer state and batch ar
 
 Each config is compiled exactly as `sentemb_jax.main` would run it: its gin file (mesh, fsdp,
 scan, remat, dtype, batch size, sequence length, optimizer), the sharded step of
-sentemb_jax.training.sharded with its explicit in/out shardings, on `--devices` simulated CPU
+sentemb_jax.training.sharded with its explicit in/out shardings (built by benchmarks/aot.py, the
+same program `sentemb_jax.benchmarks.tpu_compile` gives the TPU compiler), on `--devices` simulated CPU
 devices (the process re-executes itself with XLA_FLAGS set, before jax starts). Per-device bytes
 = arguments (this device's shard of params + optimizer state + batch) + temporaries (activations,
 gradients) + outputs not aliased to donated inputs. The CPU compiler's buffer assignment stands
@@ -19,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 # config -> simulated devices (the mesh its gin file sets: 11B data 1 x fsdp 8 x model 8 = 64).
 DEFAULT_CONFIGS = {"gin/st5_3b.gin": 8, "gin/st5_3b_encdec.gin": 8, "gin/st5_11b.gin": 64, "gin/st5_11b_encdec.gin": 64}
@@ -27,45 +27,19 @@ TPU_V3_HBM = 16 * 2**30
 
 
 def measure(gin_file: str, bindings: list[str]) -> dict:
-    """Compile `gin_file`'s train step on this process's devices; bytes per device."""
-    import gin
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+    """Compile `gin_file`'s train step on this process's devices; bytes per device. The program is
+    the one sentemb_jax.benchmarks.tpu_compile compiles for a TPU slice (benchmarks/aot.py)."""
+    from sentemb_jax.benchmarks.aot import train_program
 
-    from sentemb_jax import main as runner
-    from sentemb_jax import partitioning
-    from sentemb_jax.training.optimizers import make_optimizer
-    from sentemb_jax.training.sharded import activation_rules, build_sharded_step
-    from sentemb_jax.training.step import sides_of
-    from sentemb_jax.training.trainer import tower_module
-
-    runner.register_configurables()
-    runner.parse_gin([gin_file], ["TOKENIZER_DIR = '/unused'", "MODEL_DIR = '/unused'", *bindings])
-    train = {k: gin.query_parameter(f"sentemb_jax.train.{k}") for k in ("batch_size", "sequence_length")}
-    cfg = gin.get_configurable("sentemb_jax.ContrastiveConfig")()  # what train.contrastive gets
-    module = tower_module()
-    optimizer = make_optimizer()
-    mesh = partitioning.make_mesh()
-    batch_size, length = train["batch_size"], train["sequence_length"]
-    example = {f"{s}_{k}": np.ones((1, 8), np.int32) for s in sides_of(cfg) for k in ("input_ids", "attention_mask")}
-    step, abstract, shardings = build_sharded_step(module, optimizer, cfg, mesh, example)
-    state = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    batch_sharding = partitioning.batch_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct((batch_size, length), jnp.int32, sharding=batch_sharding) for k in example}
-    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    started = time.perf_counter()
-    with activation_rules(mesh):
-        compiled = step.lower(state, batch, rng).compile()
-    seconds = time.perf_counter() - started
+    program = train_program([gin_file], bindings, label=gin_file)
+    compiled, seconds = program.compile()
     mem = compiled.memory_analysis()
-    params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(abstract.params))
     per_device = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-    return {"config": gin_file, "params": params, "mesh": dict(mesh.shape), "batch": batch_size, "length": length,
-            "dtype": str(module.backbone_config.dtype), "scan": module.backbone_config.scan_layers,
-            "remat": module.backbone_config.remat, "arguments": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes,
-            "outputs": mem.output_size_in_bytes, "aliased": mem.alias_size_in_bytes, "per_device": per_device,
-            "compile_s": seconds}
+    info = program.info
+    return {"config": gin_file, "params": program.params, "mesh": dict(program.mesh.shape), "batch": info["batch"],
+            "length": info["length"], "dtype": info["dtype"], "scan": info["scan"], "remat": info["remat"],
+            "arguments": mem.argument_size_in_bytes, "temp": mem.temp_size_in_bytes, "outputs": mem.output_size_in_bytes,
+            "aliased": mem.alias_size_in_bytes, "per_device": per_device, "compile_s": seconds}
 
 
 def main(argv=None) -> None:
