@@ -80,11 +80,11 @@ CHIPS = {
 KNOWN_TOPOLOGIES = {
     "v3": ["v3:2x2", "v3:4x4", "v3:4x8", "v3:8x8", "v3:8x16", "v3:16x16", "v3:16x32", "v3:32x32"],
     "v4": ["v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8", "v4:8x8x8"],
-    "v5e": ["v5e:1x1", "v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"],
+    "v5e": ["v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"],
     "v5p": ["v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"],
-    "v6e": ["v6e:1x1", "v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"],
+    "v6e": ["v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"],
 }
-SEARCH_TOPOLOGIES = {"v4": KNOWN_TOPOLOGIES["v4"][:6], "v5e": KNOWN_TOPOLOGIES["v5e"][1:]}
+SEARCH_TOPOLOGIES = {"v4": KNOWN_TOPOLOGIES["v4"][:6], "v5e": KNOWN_TOPOLOGIES["v5e"]}
 INSTALL_HINT = ("the TPU compiler needs libtpu: pip install libtpu==0.0.42.1 (the version jax[tpu]==0.10.2 pins), "
                 "or pip install -e '.[test]'")
 

@@ -1,0 +1,189 @@
+"""The TPU compiler without a TPU (sentemb_jax.benchmarks.tpu_compile): the tiny T5 train step and
+the encode function compile for v5e:2x2 and v4:2x2x1 and fit in HBM; the loop-corrected FLOPs
+match an unscanned compile; the HLO reader on a known module; bad input (unknown topology, a
+config that does not fit). Skipped only when libtpu cannot be imported."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                reason="libtpu not installed (pip install libtpu==0.0.42.1, or pip install -e '.[test]')")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["gin/runs/tiny_t5_nli.gin", "gin/models/t5_tiny.gin"]
+TINY_BINDINGS = ["sentemb_jax.tower_module.backbone = @sentemb_jax.T5Config()", "sentemb_jax.T5Config.has_decoder = False",
+                 "sentemb_jax.T5Config.scan_layers = True"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _repo_cwd():
+    old = os.getcwd()
+    os.chdir(REPO)
+    yield
+    os.chdir(old)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Tiny T5 train step + encode, on v5e:2x2 and v4:2x2x1 (four TPU compiles)."""
+    from sentemb_jax.benchmarks import aot, tpu_compile
+
+    out = {}
+    for topology in ("v5e:2x2", "v4:2x2x1"):
+        devices = tpu_compile.topology_devices(topology)
+        chip = tpu_compile.chip_of(topology)
+        train = aot.train_program(TINY, TINY_BINDINGS, devices)
+        encode = aot.encode_program(TINY, TINY_BINDINGS, devices, batch_size=64, length=32)
+        out[topology] = {"train": tpu_compile.measure(train, topology, chip),
+                         "encode": tpu_compile.measure(encode, topology, chip), "programs": (train, encode)}
+    return out
+
+
+@pytest.mark.parametrize("topology,hbm_gib", [("v5e:2x2", 16), ("v4:2x2x1", 32)])
+def test_tiny_train_and_encode_fit(rows, topology, hbm_gib):
+    from sentemb_jax.benchmarks.tpu_compile import GIB
+
+    for kind in ("train", "encode"):
+        r = rows[topology][kind]
+        assert r["devices"] == 4 and r["mesh"] == {"data": 4, "fsdp": 1, "model": 1}  # one device per chip
+        assert r["hbm_per_chip"] == hbm_gib * GIB
+        assert r["fits"] and 0 < r["per_device"] < 0.05 * GIB  # a ~6M-parameter model: tens of MiB
+        assert r["arguments"] > 0 and r["flops"] > 0 and r["predicted"]["step_s"] > 0
+        assert r["predicted"]["note"] == "predicted by the compiler, not measured"
+    train = rows[topology]["train"]
+    # Adafactor state + params (f32), sharded? no: pure data parallel, so every chip holds them all.
+    assert train["arguments"] > 4 * train["params"]
+    assert train["loop_trip_counts"] == [4]  # the scanned 4 layers
+    # cost_analysis counts the scanned body once; the corrected figure is within 10% of 6 x N x tokens
+    # (no remat: forward + backward = 3 x forward) and ~3x what cost_analysis reports.
+    assert train["flops"] == pytest.approx(train["model_flops_per_chip"], rel=0.2)
+    assert train["flops"] > 2.5 * train["flops_reported"]
+    # Data parallel: the gradients are all-reduced (about twice the f32 gradient bytes per chip).
+    grads = 4 * train["params"]
+    assert 1.0 * grads < train["collective_bytes"]["all-reduce"] < 8 * grads
+
+
+def test_loop_correction_matches_unscanned_compile(rows):
+    """The loop-corrected FLOPs of the scanned step equal (within 5%) cost_analysis of the same step
+    compiled with scan_layers=False (where every layer is in the HLO once)."""
+    from sentemb_jax.benchmarks import aot, tpu_compile
+
+    devices = tpu_compile.topology_devices("v5e:2x2")
+    chip = tpu_compile.chip_of("v5e:2x2")
+    scanned = rows["v5e:2x2"]["train"]
+    flat = tpu_compile.measure(aot.train_program(TINY, TINY_BINDINGS + ["sentemb_jax.T5Config.scan_layers = False"],
+                                                 devices), "v5e:2x2", chip)
+    assert flat["loop_trip_counts"] == []
+    assert flat["flops"] == pytest.approx(flat["flops_reported"])  # no loop: nothing to correct
+    assert scanned["matmul_flops"] == pytest.approx(flat["matmul_flops"], rel=0.01)
+    assert scanned["flops"] == pytest.approx(flat["flops_reported"], rel=0.05)
+    assert scanned["flops_reported"] < 0.4 * flat["flops_reported"]
+
+
+KNOWN_HLO = """HloModule m
+
+%body (p: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %p = (s32[], f32[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %w = f32[16,16]{1,0} constant({...})
+  %d = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %ag = f32[32,16]{1,0} all-gather(%d), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8,16]) tuple(%j, %d)
+}
+
+%cond (q: (s32[], f32[8,16])) -> pred[] {
+  %q = (s32[], f32[8,16]) parameter(0)
+  %k = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(6)
+  ROOT %lt = pred[] compare(%k, %n), direction=LT
+}
+
+ENTRY %main (a: f32[8,16]) -> f32[8,16] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %ar = f32[8,16]{1,0} all-reduce(%a), channel_id=2, replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_0'}, to_apply=%add
+  %z = s32[] constant(0)
+  %init = (s32[], f32[8,16]) tuple(%z, %ar)
+  %loop = (s32[], f32[8,16]) while(%init), condition=%cond, body=%body
+  %cp = f32[8,16]{1,0} collective-permute(%a), channel_id=3, source_target_pairs={{0,1},{1,0}}
+  ROOT %out = f32[8,16]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_hlo_reader_on_a_known_module():
+    from sentemb_jax.benchmarks import hlo
+
+    s = hlo.analyze(KNOWN_HLO, devices=4)
+    assert s.trip_counts == {"body": 6}
+    assert s.matmul_flops_once == 2 * 8 * 16 * 16
+    assert s.matmul_flops == 6 * 2 * 8 * 16 * 16
+    # all-gather in the loop: result 32x16 f32 = 2048 B, group of 4: 3/4 sent, 6 times.
+    assert s.collective_bytes["all-gather"] == pytest.approx(6 * 0.75 * 2048)
+    assert s.collective_counts["all-gather"] == 6
+    # all-reduce of 8x16 f32 (512 B) over axis_0 (2 devices): 2 x 1/2 x 512.
+    assert s.collective_bytes["all-reduce"] == pytest.approx(512)
+    assert s.collective_bytes["collective-permute"] == 512
+    assert s.collective_bytes["reduce-scatter"] == 0 and s.collective_bytes["all-to-all"] == 0
+    assert hlo.group_size("replica_groups={{0,1,2},{3,4,5}}", 8) == 3
+
+
+def test_make_mesh_megacore_and_slices():
+    from sentemb_jax import partitioning
+    from sentemb_jax.benchmarks import tpu_compile
+
+    from jax.experimental import topologies
+
+    tpu_compile.quiet_compile_only_env()
+    per_core = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1").devices
+    with pytest.raises(ValueError, match="megacore"):
+        partitioning.make_mesh(fsdp=4, devices=per_core[:4])
+    mesh = partitioning.make_mesh(fsdp=2, model=2, devices=tpu_compile.topology_devices("v4:2x2x1"))
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "model": 2}
+    two = tpu_compile.topology_devices("v5e:2x2", num_slices=2)
+    mesh = partitioning.make_mesh(fsdp=2, devices=two)  # data 4 = 2 per slice x 2 slices
+    assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "model": 1}
+    assert partitioning.num_slices(two) == 2
+    # Each (fsdp, model) group lies within one slice: only the data axis crosses DCN.
+    for row in mesh.devices.reshape(4, -1):
+        assert len({d.slice_index for d in row}) == 1
+    with pytest.raises(ValueError, match="multiple of the 2 slices"):
+        partitioning.make_mesh(data=1, fsdp=8, devices=two)
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.tpu_compile", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_unknown_topology_exits_2_listing_known_ones():
+    proc = _cli("--topology", "v9z:3x3", "--gin_file", "gin/st5_base.gin")
+    assert proc.returncode == 2
+    assert "unknown topology 'v9z:3x3'" in proc.stderr and "v5e:2x2" in proc.stderr and "v4:2x2x1" in proc.stderr
+
+
+def test_config_that_does_not_fit_prints_shortfall():
+    """The tiny step with a 2M-token vocabulary x 1024 wide, replicated on each v5e chip (16 GiB;
+    data parallel), does not fit: the command prints the shortfall per chip and exits 3."""
+    proc = _cli("--topology", "v5e:2x2", "--gin_file", "+".join(TINY), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS],
+                "--gin.sentemb_jax.T5Config.vocab_size=2000000", "--gin.sentemb_jax.T5Config.d_model=1024",
+                "--gin.sentemb_jax.T5Config.num_heads=16")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "does not fit" in proc.stderr and "short by" in proc.stderr and "GiB per chip" in proc.stderr
+
+
+def test_libtpu_missing_says_how_to_install(monkeypatch, capsys):
+    import importlib.util as iu
+
+    from sentemb_jax.benchmarks import tpu_compile
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a))
+    assert tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", "gin/st5_base.gin"]) == 1
+    err = capsys.readouterr().err
+    assert "pip install libtpu==0.0.42.1" in err and "pip install -e '.[test]'" in err
