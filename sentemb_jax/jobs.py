@@ -9,7 +9,7 @@ import time
 import gin
 
 from sentemb_jax.data import tasks as data_tasks
-from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.data.files import DataError, default_data_dir, read_sts_pairs
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,15 @@ def stsb_split_scores(model, data_dir: str, split: str = "dev", batch_size: int 
 def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, split: str = "dev",
                   batch_size: int = 64, model_dir: str | None = None) -> dict:
     """Encode an STS-B split with a model directory and print the Spearman score (x 100)."""
+    from sentemb_jax import preflight
     from sentemb_jax.encoder import SentenceEncoder
 
+    job = "sentemb_jax.evaluate_stsb"  # before any work: the model, DATA_DIR and the split's file exist
+    preflight.require_model_dir(model_path, job, "model_path")
+    preflight.require_dir(data_dir, job, "data_dir")
+    path = os.path.join(data_dir, "stsb", f"{split}.tsv")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file (STS-B split {split!r}; data_dir {preflight.source(job, 'data_dir')})")
     start = time.time()
     result = stsb_split_scores(SentenceEncoder.from_pretrained(model_path), data_dir, split, batch_size)
     result.update(model=model_path, seconds=round(time.time() - start, 2))
@@ -56,10 +63,11 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
 
 @gin.configurable(module="sentemb_jax")
 def data_summary(batch_size: int = 64, sequence_length: int = 128, seed: int = 0) -> dict:
-    """Register the tasks (gin: sentemb_jax.data.register_tasks.*), validate each file, show a batch."""
+    """Register the tasks (gin: sentemb_jax.data.register_tasks.*), validate each file, show a batch.
+    Every task is this job's: a missing file of any (all named at once) stops it before any is read."""
     from sentemb_jax.data.pipeline import InputPipeline
 
-    names = data_tasks.register_tasks()
+    names = data_tasks.register_tasks(require=True)
     summary = {}
     for kind, name in names.items():
         pipe = InputPipeline(name, batch_size=batch_size, sequence_length=sequence_length, seed=seed)

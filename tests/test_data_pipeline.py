@@ -171,8 +171,13 @@ def test_neighbour_view_is_the_next_row_of_the_same_file(minilm_dir, tmp_path):
 
 
 def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
-    with pytest.raises(DataError, match=r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="):
-        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+    """A required task's missing file is named up front; an unrequired one when the task is read."""
+    message = r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="
+    with pytest.raises(DataError, match=message):
+        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",), require=("nli_triples",))
+    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+    with pytest.raises(DataError, match=message):
+        next(iter(InputPipeline(names["nli_triples"], batch_size=2, sequence_length=16, seed=0)))
 
 
 def test_mixture_draws_from_both_tasks(tasks):

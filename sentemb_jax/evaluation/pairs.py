@@ -43,8 +43,8 @@ def evaluate_pair_file(model, path: str, rows: slice = slice(None), batch_size: 
     return {"auc": pair_auc(pair_scores(model, s1, s2, batch_size), labels), "pairs": len(labels)}
 
 
-def evaluate_pair_tasks(model, data_dir: str, qqp_path: str | None = None, batch_size: int = 64) -> dict:
-    """{"MRPC": {...}, "QNLI": {...}, "QNLI_dev": {...}, ["QQP": {...}]}; absent files are skipped with a warning."""
+def pair_task_files(data_dir: str, qqp_path: str | None = None) -> dict[str, tuple[str, slice]]:
+    """{task: (file, rows)} of the pair tasks (QQP only when a file is given)."""
     tasks = {
         "MRPC": (os.path.join(data_dir, "mrpc", "test.tsv"), slice(None)),
         "QNLI_dev": (os.path.join(data_dir, "qnli", "dev.tsv"), slice(None, QNLI_DEV_ROWS)),
@@ -52,8 +52,13 @@ def evaluate_pair_tasks(model, data_dir: str, qqp_path: str | None = None, batch
     }
     if qqp_path:
         tasks["QQP"] = (qqp_path, slice(None))
+    return tasks
+
+
+def evaluate_pair_tasks(model, data_dir: str, qqp_path: str | None = None, batch_size: int = 64) -> dict:
+    """{"MRPC": {...}, "QNLI": {...}, "QNLI_dev": {...}, ["QQP": {...}]}; absent files are skipped with a warning."""
     results = {}
-    for name, (path, rows) in tasks.items():
+    for name, (path, rows) in pair_task_files(data_dir, qqp_path).items():
         if not os.path.isfile(path):
             warnings.warn(f"pair task omitted: {name}: {path} absent", MissingDataWarning, stacklevel=2)
             continue

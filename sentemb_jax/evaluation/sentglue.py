@@ -121,16 +121,21 @@ _TASKS = {"MRPC": (_mrpc, ("mrpc/train.tsv", "mrpc/test.tsv")),
           "SICKE": (_sicke, ("sick/sick_e_train.tsv", "sick/sick_e_trial.tsv"))}
 
 
+def sentglue_task_files(data_dir: str, task: str) -> list[str]:
+    """The files a SentGLUE task reads under data_dir (a SICK-E test file given by path comes on top)."""
+    if task not in _TASKS:
+        raise ValueError(f"unknown SentGLUE task {task!r}; known: {SENTGLUE_TASKS}")
+    return [os.path.join(data_dir, p) for p in _TASKS[task][1]]
+
+
 def evaluate_sentglue(model, data_dir: str, tasks: Sequence[str] = SENTGLUE_TASKS, k: int = 10,
                       seed: int = DEFAULT_SEED, batch_size: int = 64, sicke_test_path: str | None = None) -> dict:
     """{task: result} (see the module doc); `score` of each is its headline number (x 100)."""
     cache = model if isinstance(model, EmbeddingCache) else EmbeddingCache(model)
     results = {}
     for task in tasks:
-        if task not in _TASKS:
-            raise ValueError(f"unknown SentGLUE task {task!r}; known: {SENTGLUE_TASKS}")
-        run, needed = _TASKS[task]
-        absent = [os.path.join(data_dir, p) for p in needed if not os.path.isfile(os.path.join(data_dir, p))]
+        absent = [p for p in sentglue_task_files(data_dir, task) if not os.path.isfile(p)]
+        run = _TASKS[task][0]
         if absent:
             warnings.warn(f"SentGLUE task omitted: {task}: {absent[0]} absent", MissingDataWarning, stacklevel=2)
             continue

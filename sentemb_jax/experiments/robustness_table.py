@@ -56,7 +56,12 @@ def data_cases(tmp: str):
     yield "TSV score not a number", _main(_eval_job(sts("word", STS_HEADER + good + "a\tb\tfive\n")))
     yield "TSV without a needed column", _main(_eval_job(sts("cols", "sentence1\tscore\nA man.\t3.0\n")))
     yield "TSV empty file (no header)", _main(_eval_job(sts("empty", "")))
-    yield "data file missing", _main(_eval_job(os.path.join(tmp, "absent")))
+    os.makedirs(os.path.join(tmp, "no_stsb"))
+    yield "data file missing", _main(_eval_job(os.path.join(tmp, "no_stsb")))
+    yield "DATA_DIR missing", _main(_eval_job(os.path.join(tmp, "absent")))
+    sts_job = ["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{tmp}/eval'", f"--gin.DATA_DIR='{tmp}/no_stsb'"]
+    yield "SICKR_TEST_PATH missing", _main(sts_job + [f"--gin.SICKR_TEST_PATH='{tmp}/sick_r_test.tsv'"])
+    yield "an evaluation with every task omitted (no STS file)", _main(sts_job)
 
     from sentemb_jax.data.files import FileSpec, index_rows
 
@@ -150,6 +155,13 @@ def train_cases(tmp: str, data_dir: str):
     open(blocker, "w").close()
     base = ["--gin_file=gin/runs/congen_cpu.gin", f"--gin.DATA_DIR='{data_dir}'"]
     yield "MODEL_DIR not writable", _main(base + [f"--gin.MODEL_DIR='{blocker}/sub'"])
+    nli_stsb = os.path.join(tmp, "nli_stsb")  # NLI and STS-B only
+    os.makedirs(nli_stsb)
+    for name in ("nli", "stsb"):
+        os.symlink(os.path.join(data_dir, name), os.path.join(nli_stsb, name))
+    nli = ["--gin_file=gin/runs/minilm_nli.gin", f"--gin.MODEL_DIR='{tmp}/t0'", f"--gin.DATA_DIR='{nli_stsb}'"]
+    yield "the training task's file missing (QA + NLI mixture, no qa/)", _main(nli + ["--gin.sentemb_jax.train.task='qa_nli_pairs'"])
+    yield "MODEL_PATH missing (training)", _main(nli + [f"--gin.MODEL_PATH='{tmp}/absent_model'"])
     yield "task name unknown", _main(base + [f"--gin.MODEL_DIR='{tmp}/t1'", "--gin.sentemb_jax.train.task='nosuch'"])
     yield "ConGen with a view1 drawn anew each epoch", _main(
         base + [f"--gin.MODEL_DIR='{tmp}/t2'", "--gin.sentemb_jax.data.register_tasks.views=('word_deletion', 'none')"])

@@ -128,6 +128,7 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     if student_init not in STUDENT_INITS:
         raise ValueError(f"ensemble_distill.student_init {student_init!r}: choose from {STUDENT_INITS}")
     data_dir = data_dir or default_data_dir()
+    _check_inputs(model_dir, submodels, student, distill, data_dir, teacher)
     os.makedirs(model_dir, exist_ok=True)
     paths, dev = [], []
     for k, train_submodel in enumerate(submodels, start=1):
@@ -174,6 +175,27 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
                 f"student {student_text}; weights ({weighting}): {np.round(weights, 4).tolist()}\n\n{table}\n")
     print(table)
     return summary
+
+
+def _check_inputs(model_dir: str, submodels: Sequence[Callable], student: Callable, distill, data_dir: str,
+                  teacher: str | None) -> None:
+    """Before any work: the start model, DATA_DIR, STS-B dev (weights) and some STS task (the
+    tables), and what each submodel's and the student's `train` reads (in its own gin scope)."""
+    from sentemb_jax import preflight
+    from sentemb_jax.data.files import DataError
+    from sentemb_jax.evaluation.jobs import sts_inputs
+
+    job = "sentemb_jax.ensemble_distill"
+    if teacher:
+        preflight.require_model_dir(teacher, job, "teacher")
+    preflight.require_dir(data_dir, job, "data_dir")
+    dev = os.path.join(data_dir, "stsb", "dev.tsv")
+    if not os.path.isfile(dev):
+        raise DataError(f"{dev}: no such file (STS-B dev weights the submodels; data_dir {preflight.source(job, 'data_dir')})")
+    preflight.require_some_task("ensemble_distill (STS table)", data_dir, *sts_inputs(data_dir, None), job)
+    for k, train_submodel in enumerate(submodels, start=1):
+        train_submodel(model_dir=os.path.join(model_dir, f"sub{k}"), check_only=True)
+    student(model_dir=os.path.join(model_dir, "student"), distill=distill, check_only=True)
 
 
 def average_submodels(paths: Sequence[str], out_dir: str) -> str:

@@ -433,8 +433,18 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
     from sentemb_jax.evaluation.report import sts_rows_table
     from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
 
+    from sentemb_jax import preflight
+    from sentemb_jax.evaluation.jobs import check_inputs, sts_inputs
+
     data_dir = data_dir or default_data_dir()
     student_dir = os.path.join(model_dir, "student")
+    # Before any work: the teacher, DATA_DIR, a SICK-R test file given by path, some STS task to
+    # score, and what `train` reads (its start model, its task's files, STS-B dev).
+    preflight.require_model_dir(teacher, "sentemb_jax.distill_report", "teacher")
+    check_inputs("distill_report", None, data_dir, sickr_test_path=sickr_test_path)
+    preflight.require_some_task("distill_report (STS table)", data_dir, *sts_inputs(data_dir, sickr_test_path),
+                                "sentemb_jax.distill_report")
+    train(export_dir=student_dir, check_only=True)
 
     def scored(name: str, make) -> dict:
         label = {"teacher": teacher, "student_before": f"{teacher} (first {student_layers} layers)",

@@ -306,6 +306,22 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
     return jax.device_get(state.params), info
 
 
+def _check_inputs(data_dir: str, bi_encoders, cross_encoders, pair_files, dev: EvalSet, report) -> None:
+    """Before any work: every start model directory, DATA_DIR (when a path is under it) and every
+    pair / dev / report file exist; a failure names the gin binding (sentemb_jax.trans_encoder.<param>)."""
+    from sentemb_jax import preflight
+
+    job = "sentemb_jax.trans_encoder"
+    for param, paths in (("bi_encoders", bi_encoders), ("cross_encoders", cross_encoders or ())):
+        for path in paths:
+            preflight.require_model_dir(path, job, param)
+    files = [("pair_files", p) for p in pair_files] + [("dev", dev.path)] + [("report", ev.path) for ev in report]
+    if any(path.startswith(os.path.join(data_dir, "")) for _, path in files):
+        preflight.require_dir(data_dir, job, "data_dir")
+    for param, path in files:
+        preflight.require_file(path, job, param)
+
+
 @gin.configurable(module="sentemb_jax")
 def trans_encoder(
     model_dir: str = gin.REQUIRED,
@@ -355,6 +371,7 @@ def trans_encoder(
     under = lambda path: os.path.join(data_dir, path)  # noqa: E731 (absolute paths stay as they are)
     dev = dataclasses.replace(dev, path=under(dev.path))
     report = [dataclasses.replace(ev, path=under(ev.path)) for ev in report]
+    _check_inputs(data_dir, bi_encoders, cross_encoders, [under(p) for p in pair_files], dev, report)
     pairs = read_unlabelled_pairs([under(p) for p in pair_files])
     swapped = [(b, a) for a, b in pairs]
     both_orders = pairs + swapped

@@ -151,6 +151,7 @@ def train(
     export_dir: str | None = None,
     skip_nonfinite: int = 0,
     fixed_padding: bool | None = None,
+    check_only: bool = False,
 ) -> dict:
     """Train a dual encoder; returns the last metrics (and the best STS-B dev score).
 
@@ -182,11 +183,20 @@ def train(
       `skipped_batches`); more than N bad batches in a row still stop the job.
     fixed_padding: pad every text to `sequence_length` (one batch shape). None: on when the job
       runs on several processes (sentemb_jax.distributed), whose batch parts must have one shape.
+    check_only: only check that what the run reads exists (model directories, DATA_DIR, the files
+      of `task`, STS-B dev; sentemb_jax.preflight.check_train_inputs) and return {}: how jobs that
+      run several trains (distill_report, ensemble_distill) check them all before any work.
 
     Several processes: each reads every process_count-th row of the global order (batch_size is
     the global batch), its part of each batch is placed with make_array_from_process_local_data,
     checkpoints are written by all; metrics, TensorBoard and exports by process 0.
     """
+    from sentemb_jax.preflight import check_train_inputs
+
+    # Before any work: a missing model directory, DATA_DIR or file of this task is named with its binding.
+    check_train_inputs(task, data_dir, init_from, tokenizer_dir, params_from, eval_every, distill)
+    if check_only:
+        return {}
     _check_model_dir(model_dir)
     if prng_impl:
         jax.config.update("jax_default_prng_impl", prng_impl)
