@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 
 OURS = "sentemb_jax"
 LOG_NAME = "run.log"
@@ -64,6 +65,16 @@ class _ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A Python warning: one of ours (a class or a call site in sentemb_jax, e.g. MissingDataWarning:
+    a task omitted) is a console line; a library's goes to the log file only."""
+    ours = category.__module__.startswith(OURS) or os.sep + OURS + os.sep in str(filename)
+    if ours:
+        logging.getLogger(OURS).warning("%s", message)
+    else:
+        logging.getLogger("py.warnings").warning("%s", warnings.formatwarning(message, category, filename, lineno, line))
+
+
 class Console:
     """Set up by `start()`, pointed at MODEL_DIR by `use_model_dir()`, closed by `finish()`.
 
@@ -85,6 +96,7 @@ class Console:
         self._console_stream = None
         self._redirected = False
         self._temporary = False
+        self._saved_showwarning = None
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -105,7 +117,8 @@ class Console:
         self._console_handler = _ConsoleHandler(self.verbosity, stream)
         root.addHandler(self._console_handler)
         root.addHandler(self._file_handler)
-        logging.captureWarnings(True)  # Python warnings: library chatter, to the log file
+        self._saved_showwarning = warnings.showwarning
+        warnings.showwarning = _show_warning  # ours on the console as "warning: ...", libraries' in the log
         if self.verbosity < 1:
             # TensorFlow's C++ logging when stderr is not redirected (in-process calls).
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -188,7 +201,9 @@ class Console:
             root.setLevel(self._saved_root[0])
             for h in self._saved_root[1]:
                 root.addHandler(h)
-        logging.captureWarnings(False)
+        if self._saved_showwarning is not None:
+            warnings.showwarning = self._saved_showwarning
+            self._saved_showwarning = None
         if self._file is not None:
             self._file.flush()
             if not self._redirected:
