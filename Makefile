@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(PY) -m sentemb_jax.main --gin_file=gin/runs/default.gin
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 clean:
 	rm -rf $(VENV)
