@@ -2,9 +2,21 @@ import itertools
 import os
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Hypothesis draws the same examples on every run and machine ("ci": derandomize, no example
+# database, failures printed with their reproduction blob). It is the default, and the only profile
+# when CI is set to true; a developer hunting for new failures picks "dev" (random draws, local
+# database) with HYPOTHESIS_PROFILE=dev. Each example hypothesis has ever found is kept as an
+# explicit @example on its test (docs/ROBUSTNESS.md, "Fuzzing"). Loaded here, before the test
+# modules are imported, so that their @settings(...) decorators inherit it.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", derandomize=False, print_blob=True)
+_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+settings.load_profile("ci" if _ci else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

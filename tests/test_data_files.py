@@ -3,7 +3,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sentemb_jax.data.files import DataError, FileSpec, index_rows, read_examples, read_sts_pairs
@@ -134,8 +134,15 @@ def test_jsonl_lone_surrogate_is_a_bad_row(tmp_path):
     assert read_examples(spec, on_bad_row="skip") == [{"anchor": "fine", "positive": "ok"}]
 
 
+# A lone surrogate (hypothesis found it): U+D800 as bytes (not UTF-8) and as a JSON escape.
+_SURROGATE_TSV = "x\ud800y\tb\t1.0\n".encode("utf-8", "surrogatepass")
+_SURROGATE_JSONL = json.dumps({"q": "bad \ud800 here", "a": "x", "label": "Good"}).encode()
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=400), on_bad_row=st.sampled_from(["error", "skip"]))
+@example(data=_SURROGATE_TSV, on_bad_row="error")
+@example(data=_SURROGATE_TSV, on_bad_row="skip")
 def test_fuzz_tsv_reader_only_raises_data_error(tmp_path, data, on_bad_row):
     path = tmp_path / "fuzz.tsv"
     path.write_bytes(b"sentence1\tsentence2\tscore\n" + data)
@@ -155,6 +162,8 @@ def test_fuzz_tsv_reader_only_raises_data_error(tmp_path, data, on_bad_row):
                                                          st.lists(st.text())), max_size=4),
                                max_size=5).map(lambda rows: "\n".join(json.dumps(r) for r in rows).encode())),
        on_bad_row=st.sampled_from(["error", "skip"]))
+@example(data=_SURROGATE_JSONL, on_bad_row="error")
+@example(data=_SURROGATE_JSONL, on_bad_row="skip")
 def test_fuzz_jsonl_reader_only_raises_data_error(tmp_path, data, on_bad_row):
     path = tmp_path / "fuzz.jsonl"
     path.write_bytes(data)
