@@ -4,12 +4,10 @@ with random Unicode (surrogates and control characters included). docs/ROBUSTNES
 bad input with its message and exit code (`python -m sentemb_jax.experiments.robustness_table`)."""
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -52,11 +50,17 @@ def _unfinished(ckpt_dir):
     return [d for d in os.listdir(ckpt_dir) if not d.isdigit()] if os.path.isdir(ckpt_dir) else []
 
 
+# (fault, newest finalised checkpoint the kill leaves): tiny_t5_nli checkpoints every 2 steps.
+# Kill 1 lands inside step 6's checkpoint write (all written under orbax's temporary name, not
+# renamed), kill 2 right after the restart's first step, kills 3-5 between and just after checkpoints.
+KILLS = [("in_save:6", 4), ("after_step:5", 4), ("after_step:8", 8), ("after_step:11", 10), ("after_step:14", 14)]
+
+
 def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
-    """Kill 1 lands while a checkpoint is being written (orbax's temporary directory exists);
-    kills 2-5 at random delays after the run's next checkpoint. Each restart resumes from the last
-    finalised checkpoint - never a partial one - and the end equals an uninterrupted run (packed
-    batches, so the packer's carried-over rows resume too)."""
+    """SIGKILL at five deterministic moments (sentemb_jax.training.faults: SENTEMB_FAULT), one
+    inside a checkpoint write. Each restart resumes from the newest finalised checkpoint - never a
+    partial one - and the end equals an uninterrupted run (packed batches, so the packer's
+    carried-over rows resume too). No timing: the same on a fast or a slow machine."""
     full = str(tmp_path / "full")
     subprocess.run(_packed_cmd(t5_dir, full, data_dir), cwd=REPO, check=True, capture_output=True, timeout=600)
     lines = [json.loads(line) for line in open(os.path.join(full, "metrics.jsonl"))]
@@ -64,42 +68,36 @@ def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_pa
     assert os.listdir(os.path.join(full, "tensorboard"))
     killed = str(tmp_path / "killed")
     ckpt = os.path.join(killed, "checkpoints")
-    rng = random.Random(0)
-    kills, resumed_from = [], []
-    for k in range(5):
-        before = _finalized(ckpt)
-        proc = subprocess.Popen(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 300
-        if k == 0:  # mid-save: as soon as a temporary checkpoint directory appears
-            while not _unfinished(ckpt) and time.time() < deadline and proc.poll() is None:
-                time.sleep(0.002)
+    errs = []
+    for fault, newest in KILLS:
+        proc = subprocess.run(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "SENTEMB_FAULT": fault})
+        assert proc.returncode == -signal.SIGKILL, (fault, proc.returncode, proc.stderr[-2000:])
+        assert _finalized(ckpt)[-1] == newest, (fault, _finalized(ckpt))
+        if fault.startswith("in_save"):
             partial = _unfinished(ckpt)
-        else:
-            while _finalized(ckpt) == before and time.time() < deadline and proc.poll() is None:
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.0, 0.8))
-        assert proc.poll() is None, "the run ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        err = proc.communicate()[1]
-        kills.append(_finalized(ckpt)[-1] if _finalized(ckpt) else None)
-        resumed_from.append(err)
-        if k == 0:
-            assert partial, "no checkpoint was being written at the kill"
-            step_of_partial = int(partial[0].split(".")[0])
-            assert step_of_partial not in _finalized(ckpt)  # killed before orbax finalised it
-    assert kills[-1] is not None and kills[-1] < STEPS  # it really died mid-run, five times
+            assert partial and int(partial[0].split(".")[0]) == 6, partial  # step 6, never finalised
+        errs.append(proc.stderr)
     proc = subprocess.run(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # Each restart resumed from the newest finalised checkpoint the kill before it left.
-    for err, last in zip(resumed_from[1:] + [proc.stderr], kills):
-        if last is not None:
-            assert f"at step {last}" in err and "resumed from" in err
+    for err, (_, newest) in zip(errs[1:] + [proc.stderr], KILLS):
+        assert f"resumed from {killed} at step {newest}" in err, err[-2000:]
     a, data_a = latest_checkpoint(full, STEPS)
     b, data_b = latest_checkpoint(killed, STEPS)
     diffs = [float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))]
     assert len(diffs) > 10 and max(diffs) <= 1e-6
     assert data_a["input"] == data_b["input"] and data_a["input"]["step_in_epoch"] == STEPS
+
+
+def test_fault_plan_is_validated(monkeypatch):
+    from sentemb_jax.training import faults
+
+    monkeypatch.setenv(faults.ENV, "after_step:3")
+    assert faults.planned() == ("after_step", 3)
+    monkeypatch.setenv(faults.ENV, "sometime")
+    with pytest.raises(ValueError, match="SENTEMB_FAULT='sometime': expected one of after_step:<step>, in_save:<step>"):
+        faults.planned()
 
 
 def test_model_dir_full_stops_before_training(t5_dir, tmp_path, data_dir, monkeypatch, capsys):

@@ -43,6 +43,7 @@ from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.training import faults
 from sentemb_jax.training.optimizers import make_optimizer
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
@@ -291,6 +292,7 @@ def train(
         metrics = {"step": 0, "train_seconds": 0.0, "stsb_dev_spearman": evaluator(state.params["tower"])}
         _write_metrics(writer, 0, metrics, history_path)
         bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
+    faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
     try:
         with activation_rules(mesh):
             # A rerun of a run that already spent its budget stops at once (it does not take a step more).
@@ -347,6 +349,7 @@ def train(
                         data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best,
                                                 "train_seconds": train_seconds, "skipped_batches": skipped})), force=True)
                 bar.update(1)
+                faults.after_step(step, manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
                 if out_of_time:
                     log.info("time budget of %.0f s of training reached at step %d", time_budget_s, step)
                     break
