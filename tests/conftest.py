@@ -2,7 +2,7 @@ import itertools
 import os
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -13,8 +13,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # database) with HYPOTHESIS_PROFILE=dev. Each example hypothesis has ever found is kept as an
 # explicit @example on its test (docs/ROBUSTNESS.md, "Fuzzing"). Loaded here, before the test
 # modules are imported, so that their @settings(...) decorators inherit it.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.register_profile("dev", derandomize=False, print_blob=True)
+# No deadline and no too_slow health check in either: how fast a machine draws or runs an example
+# must not decide a test (tests that set suppress_health_check list too_slow themselves).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", derandomize=False, print_blob=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 _ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 settings.load_profile("ci" if _ci else os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -139,7 +139,7 @@ _SURROGATE_TSV = "x\ud800y\tb\t1.0\n".encode("utf-8", "surrogatepass")
 _SURROGATE_JSONL = json.dumps({"q": "bad \ud800 here", "a": "x", "label": "Good"}).encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.binary(max_size=400), on_bad_row=st.sampled_from(["error", "skip"]))
 @example(data=_SURROGATE_TSV, on_bad_row="error")
 @example(data=_SURROGATE_TSV, on_bad_row="skip")
@@ -155,7 +155,7 @@ def test_fuzz_tsv_reader_only_raises_data_error(tmp_path, data, on_bad_row):
         _check_error(e, str(path))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.one_of(st.binary(max_size=400),
                       st.lists(st.dictionaries(st.sampled_from(["q", "a", "label", "x"]),
                                                st.one_of(st.text(), st.text(_ANY_CHAR), st.integers(), st.none(),

@@ -156,7 +156,7 @@ def test_encode_bad_inputs(minilm):
 ANY_TEXT = st.text(st.one_of(st.characters(), st.characters(categories=["Cs", "Cc"])), max_size=40)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(texts=st.lists(ANY_TEXT, max_size=5))
 @example(texts=["\ud800"])  # found by hypothesis: a lone surrogate (InvalidTextError since)
 @example(texts=["ok", "ab\ud800c"])
@@ -172,7 +172,7 @@ def test_fuzz_encode_only_our_error(minilm, texts):
     assert not has_surrogate and e.shape == (len(texts), 384) and np.isfinite(e).all()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=st.text(st.characters(codec="utf-8"), max_size=60))
 @example(text="[UNK]")  # found by hypothesis: HF's special-token strings in the text
 @example(text="\u2028")  # found by hypothesis: U+2028 / U+2029 are whitespace for HF
