@@ -133,6 +133,17 @@ def test_hlo_reader_on_a_known_module():
     assert hlo.group_size("replica_groups={{0,1,2},{3,4,5}}", 8) == 3
 
 
+def test_matmul_breakdown_names_each_dot_with_its_trip_count():
+    from sentemb_jax.benchmarks import hlo
+
+    text = KNOWN_HLO.replace("rhs_contracting_dims={0}", 'rhs_contracting_dims={0}, metadata={op_name="jit(f)/transpose(jvp(M))/encoder/layers_3/mlp/wi/dot_general"}')
+    rows = hlo.matmul_breakdown(text)
+    assert len(rows) == 1 and rows[0]["times"] == 6 and rows[0]["flops"] == 2 * 8 * 16 * 16
+    assert rows[0]["total"] == hlo.analyze(text).matmul_flops
+    assert hlo.op_group(rows[0]["op_name"]) == "backward: encoder/layers_N/mlp/wi"
+    assert hlo.op_group("jit(f)/jvp(M)/backbone.encode/encoder/layers/mlp/wo/dot_general") == "forward: encoder/layers/mlp/wo"
+
+
 def test_make_mesh_megacore_and_slices():
     from sentemb_jax import partitioning
     from sentemb_jax.benchmarks import tpu_compile

@@ -344,3 +344,67 @@ def analyze(text: str, devices: int = 1) -> HloStats:
                     shapes = array_shapes(inst.shape)
                     largest = max([largest] + [DTYPE_BYTES[d] * math.prod(s) for d, s in shapes])
     return HloStats(flops, flops_once, coll, counts, trips, largest)
+
+
+def matmul_breakdown(text: str) -> list[dict]:
+    """Every dot / convolution of a compiled module with its FLOPs per execution, how often it runs
+    (loop trip counts) and the jax op it came from (metadata op_name): where a step's FLOPs go."""
+    comps = parse_module(text)
+    mult, _ = multiplicities(comps)
+    out = []
+    for comp in comps.values():
+        m = mult.get(comp.name, 0.0)
+        names = None
+        for inst in comp.instructions:
+            if inst.opcode not in ("dot", "convolution") or not m:
+                continue
+            names = names or comp.by_name()
+            f = matmul_flops(inst, names)
+            op = re.search(r'op_name="([^"]*)"', inst.attrs)
+            out.append({"computation": comp.name, "name": inst.name, "opcode": inst.opcode, "shape": inst.shape.split("{")[0],
+                        "operands": [names[o].shape.split("{")[0] for o in inst.operands if o in names],
+                        "flops": f, "times": m, "total": f * m, "op_name": op.group(1) if op else ""})
+    return sorted(out, key=lambda r: -r["total"])
+
+
+def op_group(op_name: str) -> str:
+    """'jit(f)/transpose(jvp(M))/backbone.encode/encoder/layers_3/mlp/wi/dot_general' ->
+    'backward: encoder/layers_N/mlp/wi' (forward / backward / rematerialised forward)."""
+    if not op_name:
+        return ""
+    kind = "backward" if "transpose(" in op_name else "forward"
+    if "rematted_computation" in op_name or "checkpoint" in op_name and kind == "forward" and "transpose(" in op_name:
+        kind = "remat forward"
+    parts = [p for p in op_name.split("/") if p and not p.startswith(("jit(", "jvp(", "transpose(", "vmap("))]
+    parts = [re.sub(r"_\d+$", "_N", p) for p in parts if p not in ("dot_general", "conv_general_dilated")]
+    return f"{kind}: {'/'.join(parts[-4:])}"
+
+
+def _main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Where a compiled HLO module's matmul FLOPs go (per device).")
+    parser.add_argument("hlo_file")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args(argv)
+    text = open(args.hlo_file).read()
+    rows = matmul_breakdown(text)
+    total = sum(r["total"] for r in rows)
+    print(f"matmul FLOPs per device: {total / 1e12:.3f} T in {len(rows)} dot / convolution instructions")
+    groups: dict[str, float] = defaultdict(float)
+    for r in rows:
+        groups[op_group(r["op_name"]) or r["opcode"]] += r["total"]
+    print("by jax op (op_name: forward / backward (transpose), layer numbers as N, last 3 module levels):")
+    for k, v in sorted(groups.items(), key=lambda kv: -kv[1])[:args.top]:
+        print(f"  {v / total * 100:5.1f}%  {v / 1e12:8.3f} T  {k}")
+    print(f"top {args.top} instructions:")
+    for r in rows[:args.top]:
+        print(f"  {r['total'] / total * 100:5.1f}%  x{r['times']:<5.0f} {r['flops'] / 1e9:9.2f} GFLOP  {r['shape']} <- "
+              f"{', '.join(r['operands'])}  {r['op_name'][-110:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

@@ -152,9 +152,10 @@ def _bytes(value: str, unit: str | None) -> float:
     return float(value) * {"G": GIB, "M": 2**20, "K": 2**10, None: 1, "": 1}[unit]
 
 
-def measure(program, topology: str, chip: Chip, num_slices: int = 1) -> dict:
+def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: str | None = None) -> dict:
     """Compile one program; its row (a dict). A program the compiler cannot fit in HBM gives a row
-    with fits=False and the shortfall the compiler reports."""
+    with fits=False and the shortfall the compiler reports. hlo_dir: also write the compiled HLO
+    text there (one file per row; `python -m sentemb_jax.benchmarks.hlo FILE` breaks its FLOPs down)."""
     from sentemb_jax.benchmarks import hlo
 
     mesh = dict(program.mesh.shape) if program.mesh is not None else {"data": 1, "fsdp": 1, "model": 1}
@@ -180,7 +181,14 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1) -> dict:
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    stats = hlo.analyze(compiled.as_text(), devices)
+    text = compiled.as_text()
+    stats = hlo.analyze(text, devices)
+    if hlo_dir:
+        os.makedirs(hlo_dir, exist_ok=True)
+        name = re.sub(r"[^\w.]+", "_", f"{program.label}_{topology}_{'x'.join(str(v) for v in mesh.values())}")
+        row["hlo_file"] = os.path.join(hlo_dir, name + ".hlo.txt")
+        with open(row["hlo_file"], "w") as f:
+            f.write(text)
     per_device = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
     flops_reported = float(cost.get("flops", 0.0))
     # cost_analysis counts each loop body once. Matmuls: counted per iteration from the HLO; the
@@ -256,7 +264,7 @@ def mesh_grid(chips: int, layers_hint: int | None = None) -> list[tuple[int, int
 
 
 def run_programs(configs, topologies, bindings, program_kind, batch=None, length=None, num_slices=1,
-                 meshes=None, on_row=None) -> list[dict]:
+                 meshes=None, on_row=None, hlo_dir=None) -> list[dict]:
     from sentemb_jax.benchmarks import aot
 
     rows = []
@@ -278,14 +286,14 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
                 for program in aot.build(program_kind, split_config(config), extra, devices, **kwargs):
-                    row = measure(program, topology, chip, num_slices)
+                    row = measure(program, topology, chip, num_slices, hlo_dir)
                     rows.append(row)
                     if on_row:
                         on_row(row)
     return rows
 
 
-def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row=None) -> dict:
+def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row=None, hlo_dir=None) -> dict:
     """For each config and generation: the smallest slice on which some mesh of the grid fits, and
     there the mesh with the lowest predicted step time."""
     choice = {}
@@ -294,7 +302,7 @@ def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row
             for topology in topologies:
                 chips = len(topology_devices(topology))
                 rows = run_programs([config], [topology], bindings, "train", batch, length,
-                                    meshes=mesh_grid(chips), on_row=on_row)
+                                    meshes=mesh_grid(chips), on_row=on_row, hlo_dir=hlo_dir)
                 fitting = [r for r in rows if r.get("fits")]
                 if fitting:
                     best = min(fitting, key=lambda r: r["predicted"]["step_s"])
@@ -320,6 +328,7 @@ def main(argv=None) -> int:
     parser.add_argument("--search", action="store_true",
                         help="smallest v4 and v5e slice (or --topology list) where a mesh of the grid fits, and its fastest mesh")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--hlo_dir", default=None, help="also write each compiled HLO module's text here")
     args, rest = parser.parse_known_args(argv)
     bindings = []
     for arg in rest:
@@ -344,6 +353,9 @@ def main(argv=None) -> int:
             print(HEADER, flush=True)
         rows.append(r)
         print(fmt_row(r), flush=True)
+        if args.json:  # as each row comes (a long search stopped half way keeps its rows)
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1, default=str)
 
     try:
         if importlib.util.find_spec("libtpu") is None:
@@ -354,7 +366,8 @@ def main(argv=None) -> int:
             by_gen = {}
             for t in args.topology:
                 by_gen.setdefault(generation(t), []).append(t)
-            choice = search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row)
+            choice = search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row,
+                            args.hlo_dir)
             print(f"\nSmallest slice that fits, and its fastest mesh ({PREDICTED}):")
             for (config, gen), r in choice.items():
                 if r is None:
@@ -365,7 +378,7 @@ def main(argv=None) -> int:
                           f"{r['per_device'] / GIB:.2f} GiB per chip, step {r['predicted']['step_s'] * 1e3:.0f} ms")
         else:
             run_programs(args.gin_file, args.topology, bindings, args.program, args.batch, args.length,
-                         args.num_slices, meshes or None, on_row)
+                         args.num_slices, meshes or None, on_row, args.hlo_dir)
     except LibtpuMissing as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
