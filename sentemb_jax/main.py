@@ -188,13 +188,14 @@ def _run_job(argv: list[str], console) -> int:
         console.say(f"error: {prefix}{message}")
         return code
 
+    from sentemb_jax.checkpoints import CheckpointError
+    from sentemb_jax.data.files import DataError
+    from sentemb_jax.tokenization import TokenizerError
+    from sentemb_jax.training.preemption import Preempted
+    from sentemb_jax.training.trainer import TrainingError
+
     try:
         files, bindings, search = parse_args(argv)
-        from sentemb_jax.checkpoints import CheckpointError
-        from sentemb_jax.data.files import DataError
-        from sentemb_jax.tokenization import TokenizerError
-        from sentemb_jax.training.trainer import TrainingError
-
         register_configurables()
         parse_gin(files, bindings, search)
         from sentemb_jax.distributed import initialize_distributed
@@ -210,6 +211,11 @@ def _run_job(argv: list[str], console) -> int:
             raise
     except UsageError as e:
         return fail(e, 2)
+    except Preempted as e:  # SIGTERM / Ctrl-C in training: checkpointed, resumable
+        message, context = split_gin_context(str(e))
+        console.log_only("\n".join(context))
+        console.say(f"stopped by {message}")
+        return e.exit_code
     except KeyboardInterrupt as e:
         return fail(e, 130, "interrupted")
     except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError, ValueError) as e:

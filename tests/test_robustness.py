@@ -53,10 +53,13 @@ def _unfinished(ckpt_dir):
 # (fault, newest finalised checkpoint the kill leaves): tiny_t5_nli checkpoints every 2 steps.
 # Kill 1 lands inside step 6's checkpoint write (all written under orbax's temporary name, not
 # renamed), kill 2 right after the restart's first step, kills 3-5 between and just after checkpoints.
-KILLS = [("in_save:6", 4), ("after_step:5", 4), ("after_step:8", 8), ("after_step:11", 10), ("after_step:14", 14)]
+# Then a preemption notice (SIGTERM) after step 15: the loop checkpoints step 15 (not a checkpoint
+# step) and exits 143; the last run takes step 16 from there.
+KILLS = [("in_save:6", 4), ("after_step:5", 4), ("after_step:8", 8), ("after_step:11", 10), ("after_step:14", 14),
+         ("sigterm_after_step:15", 15)]
 
 
-def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
+def test_kill_at_five_moments_and_sigterm_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
     """SIGKILL at five deterministic moments (sentemb_jax.training.faults: SENTEMB_FAULT), one
     inside a checkpoint write. Each restart resumes from the newest finalised checkpoint - never a
     partial one - and the end equals an uninterrupted run (packed batches, so the packer's
@@ -72,7 +75,12 @@ def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_pa
     for fault, newest in KILLS:
         proc = subprocess.run(_packed_cmd(t5_dir, killed, data_dir), cwd=REPO, capture_output=True, text=True,
                               timeout=600, env={**os.environ, "SENTEMB_FAULT": fault})
-        assert proc.returncode == -signal.SIGKILL, (fault, proc.returncode, proc.stderr[-2000:])
+        if fault.startswith("sigterm"):
+            assert proc.returncode == 128 + signal.SIGTERM, (fault, proc.returncode, proc.stderr[-2000:])
+            assert proc.stderr.strip().splitlines()[-1] == (
+                f"stopped by SIGTERM after step 15; its checkpoint is in {ckpt} - run the same command to resume from it")
+        else:
+            assert proc.returncode == -signal.SIGKILL, (fault, proc.returncode, proc.stderr[-2000:])
         assert _finalized(ckpt)[-1] == newest, (fault, _finalized(ckpt))
         if fault.startswith("in_save"):
             partial = _unfinished(ckpt)
@@ -90,13 +98,30 @@ def test_sigkill_at_five_moments_then_resume_equals_uninterrupted(t5_dir, tmp_pa
     assert data_a["input"] == data_b["input"] and data_a["input"]["step_in_epoch"] == STEPS
 
 
+def test_stop_signals_set_a_flag_and_a_second_ctrl_c_interrupts():
+    import signal as sig
+
+    from sentemb_jax.training.preemption import Preempted, StopSignals
+
+    before = sig.getsignal(sig.SIGTERM)
+    with StopSignals() as stop:
+        assert stop.requested() is None
+        os.kill(os.getpid(), sig.SIGINT)  # handled: the loop would checkpoint and stop
+        assert stop.requested() == sig.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), sig.SIGINT)
+    assert sig.getsignal(sig.SIGTERM) is before  # handlers restored
+    e = Preempted(sig.SIGTERM, 12, "/run/checkpoints")
+    assert e.exit_code == 143 and str(e).startswith("SIGTERM after step 12; its checkpoint is in /run/checkpoints")
+
+
 def test_fault_plan_is_validated(monkeypatch):
     from sentemb_jax.training import faults
 
     monkeypatch.setenv(faults.ENV, "after_step:3")
     assert faults.planned() == ("after_step", 3)
     monkeypatch.setenv(faults.ENV, "sometime")
-    with pytest.raises(ValueError, match="SENTEMB_FAULT='sometime': expected one of after_step:<step>, in_save:<step>"):
+    with pytest.raises(ValueError, match="SENTEMB_FAULT='sometime': expected one of after_step:<step>, sigterm_after_step:<step>, in_save:<step>"):
         faults.planned()
 
 

@@ -3,6 +3,8 @@
     SENTEMB_FAULT=after_step:N   SIGKILL right after step N's update has been checkpointed (if
                                  step N is a checkpoint step, once its write is finalised) - the
                                  moment between two checkpoints
+    SENTEMB_FAULT=sigterm_after_step:N  SIGTERM (a preemption notice) right after step N; the loop
+                                 checkpoints step N and stops (sentemb_jax.training.preemption)
     SENTEMB_FAULT=in_save:N      SIGKILL inside the write of step N's checkpoint: every byte is
                                  written under orbax's temporary name, the rename that finalises
                                  it has not happened (the moment a half-written checkpoint exists)
@@ -17,7 +19,7 @@ import os
 import signal
 
 ENV = "SENTEMB_FAULT"
-KINDS = ("after_step", "in_save")
+KINDS = ("after_step", "sigterm_after_step", "in_save")
 
 
 def planned() -> tuple[str, int] | None:
@@ -60,6 +62,8 @@ def install() -> None:
 
 def after_step(step: int, wait_for_checkpoint) -> None:
     plan = planned()
-    if plan is not None and plan == ("after_step", step):
+    if plan == ("after_step", step):
         wait_for_checkpoint()  # a checkpoint of this step, if one was started, is finalised first
         _die()
+    if plan == ("sigterm_after_step", step):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this call returns

@@ -45,6 +45,7 @@ from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training import faults
 from sentemb_jax.training.optimizers import make_optimizer
+from sentemb_jax.training.preemption import Preempted, StopSignals
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
 
@@ -294,7 +295,7 @@ def train(
         bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
     faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
     try:
-        with activation_rules(mesh):
+        with activation_rules(mesh), StopSignals() as stop_signals:
             # A rerun of a run that already spent its budget stops at once (it does not take a step more).
             while int(state.step) < num_steps and not _budget_spent(train_seconds, time_budget_s):
                 started = time.perf_counter()
@@ -343,13 +344,23 @@ def train(
                     bar.write(f"step {step}: STS-B dev spearman {score:.2f} (best {best['stsb_dev_spearman']:.2f} at {best['step']})")
                 if metrics.get("step") == step:
                     _write_metrics(writer, step, metrics, history_path)
-                if step % checkpoint_every == 0 or last:
+                def save_checkpoint():
                     manager.save(step, args=ocp.args.Composite(
                         state=ocp.args.StandardSave(state),
                         data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best,
                                                 "train_seconds": train_seconds, "skipped_batches": skipped})), force=True)
+
+                saved = step % checkpoint_every == 0 or last
+                if saved:
+                    save_checkpoint()
                 bar.update(1)
                 faults.after_step(step, manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
+                signum = stop_signals.requested()
+                if signum:  # SIGTERM (preemption) / Ctrl-C: this step is checkpointed, then the job stops
+                    if not saved:
+                        save_checkpoint()
+                    manager.wait_until_finished()
+                    raise Preempted(signum, step, model_path(model_dir, "checkpoints"))
                 if out_of_time:
                     log.info("time budget of %.0f s of training reached at step %d", time_budget_s, step)
                     break
