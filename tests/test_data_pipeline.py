@@ -282,3 +282,18 @@ def test_state_moves_between_process_counts_with_one_global_batch(tasks):
     counts = [sum(1 for _ in InputPipeline(tasks["sts_pairs"], batch_size=5, sequence_length=32, seed=0, split="validation",
                                            shard_info=seqio.ShardInfo(i, 7), num_epochs=1)) for i in range(7)]
     assert counts == [1500 // 35] * 7  # shards of 215 rows would give 43 batches, of 214 rows 42: all stop at 42
+
+
+def test_too_few_rows_for_one_batch_is_an_error_not_a_hang(minilm_dir, tmp_path):
+    """5 rows, batch 8, incomplete batches dropped: every epoch would be empty (it looped forever)."""
+    from sentemb_jax.data.files import DataError
+
+    (tmp_path / "nli").mkdir()
+    rows = ["anchor\tpositive\tnegative"] + [f"a{i} x\tp{i} y\tn{i} z" for i in range(5)]
+    (tmp_path / "nli" / "triples.tsv").write_text("\n".join(rows) + "\n")
+    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+    pipe = InputPipeline(names["nli_triples"], batch_size=8, sequence_length=16, seed=0)
+    with pytest.raises(DataError, match=r"nli/triples\.tsv: 5 usable rows cannot fill one batch of batch_size=8 "
+                                         r"\('train' split of 'sentemb_nli_triples'"):
+        next(iter(pipe))
+    assert len(_take(InputPipeline(names["nli_triples"], batch_size=5, sequence_length=16, seed=0), 3)) == 3  # 5 fill one

@@ -18,6 +18,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from sentemb_jax.data.files import DataError
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 
 
@@ -127,13 +128,29 @@ class InputPipeline:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         while self.num_epochs is None or self.epoch < self.num_epochs:
+            fresh_epoch = self.step_in_epoch == 0
             for batch in self._dataset(self.epoch).as_numpy_iterator():
                 self.step_in_epoch += 1
                 yield to_model_batch(batch, self.text_features, self.pad_id, self.buckets, self.same_length)
+            if fresh_epoch and self.step_in_epoch == 0 and self.drop_remainder:
+                raise DataError(self._cannot_fill_a_batch())  # else: empty epochs forever (a hang)
             if self._is_mixture:  # an endless mixed stream has no epochs
                 return
             self.epoch += 1
             self.step_in_epoch = 0
+
+
+    def _cannot_fill_a_batch(self) -> str:
+        source = getattr(self.provider, "source", None)
+        files = ", ".join(source.list_shards(self.split)) if source is not None else f"mixture {self.task!r}"
+        index = getattr(source, "index", None)
+        rows = len(index(self.split)) if index else None
+        part = (f" (this process reads every {self.shard_info.num_shards}-th row: shard {self.shard_info.index})"
+                if self.shard_info and self.shard_info.num_shards > 1 else "")
+        counted = f"{rows} usable rows" if rows is not None else "too few rows"
+        return (f"{files}: {counted}{part} cannot fill one batch of batch_size={self.batch_size} "
+                f"({self.split!r} split of {self.task!r}; incomplete batches are dropped): lower the batch size "
+                "(train.batch_size) or add data")
 
 
 def _global_batch(state: Mapping) -> int:
