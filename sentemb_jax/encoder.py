@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
-from sentemb_jax.models import ModelConfig, T5Config
+from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -150,6 +150,27 @@ def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_ta
     return out
 
 
+def _position_limit(cfg) -> int | None:
+    """Tokens a backbone can take: BERT's learned positions (RoBERTa's start after padding_idx + 1);
+    None for T5 (relative positions, no table)."""
+    if isinstance(cfg, BertConfig):
+        return cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.model_type == "roberta" else 0)
+    return None
+
+
+def _within_positions(max_seq_length: int | None, cfg, path: str) -> int | None:
+    """max_seq_length capped at the model's positions, as sentence-transformers caps it, and said:
+    past the table the position lookup gives NaN embeddings."""
+    limit = _position_limit(cfg)
+    if max_seq_length is not None and max_seq_length < 1:
+        raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
+    if max_seq_length is not None and limit is not None and max_seq_length > limit:
+        log.warning("%s: max_seq_length=%d is more than the model's %d positions; capped at %d",
+                    path, max_seq_length, limit, limit)
+        return limit
+    return max_seq_length
+
+
 def _stderr_is_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
 
@@ -208,9 +229,11 @@ class SentenceEncoder:
             projection_activation=proj_act, normalize=layout.normalize if normalize is None else normalize,
         )
         tokenizer = Tokenizer.from_pretrained(
-            layout.transformer_dir, max_length=max_seq_length or layout.max_seq_length, buckets=buckets,
-            lowercase=layout.lowercase,
+            layout.transformer_dir, max_length=_within_positions(layout.max_seq_length if max_seq_length is None else max_seq_length, cfg, path),
+            buckets=buckets, lowercase=layout.lowercase,
         )
+        if tokenizer.max_length > (_position_limit(cfg) or tokenizer.max_length):  # the tokenizer's own default
+            tokenizer = Tokenizer(tokenizer.hf, _position_limit(cfg), buckets, tokenizer.lowercase, tokenizer.source_dir)
         return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf)
 
     @classmethod

@@ -30,6 +30,11 @@ def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
     return -(-length // top) * top
 
 
+# Files one of which a Hugging Face tokenizer directory holds (fast: tokenizer.json; WordPiece:
+# vocab.txt; SentencePiece: spiece.model / sentencepiece.bpe.model / tokenizer.model; BPE: vocab.json).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "vocab.json")
+
+
 class InvalidTextError(ValueError):
     """A text that cannot be tokenised (not valid Unicode); the message names the item."""
 
@@ -72,6 +77,9 @@ class Tokenizer:
 
         if not os.path.isdir(model_dir):
             raise TokenizerError(f"{model_dir}: no such tokenizer directory")
+        if not any(os.path.isfile(os.path.join(model_dir, f)) for f in TOKENIZER_FILES):
+            # AutoTokenizer would build a 5-token fallback vocabulary: every word [UNK], no error.
+            raise TokenizerError(f"{os.path.normpath(model_dir)}: no tokenizer found (looked for {', '.join(TOKENIZER_FILES)})")
         try:
             hf = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         except (OSError, ValueError, TypeError) as e:

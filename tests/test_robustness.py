@@ -221,3 +221,32 @@ def hf_minilm(minilm_dir):
     import transformers
 
     return transformers.AutoTokenizer.from_pretrained(minilm_dir)
+
+
+def test_max_seq_length_beyond_positions_is_capped(minilm_dir, caplog):
+    """BERT has 512 learned positions: 1024 gave NaN for every row of a batch with a long text."""
+    import logging
+
+    from sentemb_jax.encoder import SentenceEncoder
+
+    with caplog.at_level(logging.WARNING, logger="sentemb_jax"):
+        enc = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=1024)
+    assert enc.max_seq_length == 512
+    assert f"{minilm_dir}: max_seq_length=1024 is more than the model's 512 positions; capped at 512" in caplog.text
+    e = enc.encode(["word " * 2000, "short"])
+    assert np.isfinite(e).all()
+    np.testing.assert_allclose(e, SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=512).encode(["word " * 2000, "short"]),
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="max_seq_length must be >= 1, got 0"):
+        SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=0)
+
+
+def test_model_without_tokenizer_files_is_an_error(minilm_dir, tmp_path):
+    """It loaded with a 5-token fallback vocabulary (every word [UNK]) and gave wrong embeddings."""
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.tokenization import TokenizerError
+
+    copy = tmp_path / "no_tokenizer"
+    shutil.copytree(minilm_dir, copy, ignore=shutil.ignore_patterns("tokenizer.json", "vocab.txt"))
+    with pytest.raises(TokenizerError, match=f"{copy}: no tokenizer found \\(looked for tokenizer.json, vocab.txt"):
+        SentenceEncoder.from_pretrained(str(copy))
