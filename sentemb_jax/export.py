@@ -16,6 +16,7 @@ and pads to the batch's longest text.
 from __future__ import annotations
 
 import logging
+import os
 
 import gin
 import jax
@@ -25,12 +26,18 @@ log = logging.getLogger(__name__)
 
 
 def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = None, normalize: bool = True,
-                      pooling: str | None = None, platforms: tuple[str, ...] = ("cpu",)) -> str:
+                      pooling: str | None = None, platforms: tuple[str, ...] = ("cpu",), overwrite: bool = False) -> str:
     """Write the SavedModel of the sentence encoder in `model_path` (HF / sentence-transformers
     directory; `pooling` as in SentenceEncoder.from_pretrained) to `out_dir`; returns out_dir.
     platforms: where the serialised model may run (jax2tf native serialisation), e.g.
-    ("cpu", "cuda", "tpu") for a model served on accelerators too."""
+    ("cpu", "cuda", "tpu") for a model served on accelerators too.
+    overwrite: replace a non-empty out_dir (refused otherwise, before any work). The export is
+    written to a temporary directory beside it and renamed into place: no mix of two exports."""
     import tensorflow as tf
+
+    if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
+        raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
+                         "to replace it")
     from jax.experimental import jax2tf
 
     from sentemb_jax.data.vocab import tokenizer_spec_for
@@ -79,10 +86,25 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
             return {"embeddings": tf_embed(self.params, ids, mask)}
 
     exported = Exported()
-    tf.saved_model.save(exported, out_dir, signatures={"serving_default": exported.serve, "embed_ids": exported.embed_ids})
+    staging = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"
+    tf.saved_model.save(exported, staging, signatures={"serving_default": exported.serve, "embed_ids": exported.embed_ids})
+    _replace_dir(staging, out_dir)
     log.info("SavedModel of %s (max length %d, dim %d) written to %s", model_path, length,
              encoder.get_sentence_embedding_dimension(), out_dir)
     return out_dir
+
+
+def _replace_dir(staging: str, out_dir: str) -> None:
+    """Move a finished export into place; an earlier one is moved aside first and deleted after."""
+    import tensorflow as tf
+
+    aside = None
+    if tf.io.gfile.exists(out_dir):
+        aside = f"{out_dir.rstrip('/')}.old-{os.getpid()}"
+        tf.io.gfile.rename(out_dir, aside)
+    tf.io.gfile.rename(staging, out_dir)
+    if aside:
+        tf.io.gfile.rmtree(aside)
 
 
 gin.external_configurable(export_savedmodel, module="sentemb_jax")

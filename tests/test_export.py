@@ -84,3 +84,20 @@ def test_minilm_sentence_transformers_export_loads_offline(minilm_dir, tmp_path,
     mine = ours.encode(sentences)
     cosine = (theirs * mine).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(mine, axis=1)
     assert cosine.min() >= 0.9999, cosine.min()
+
+
+def test_export_into_a_non_empty_directory_is_refused_unless_overwrite(tmp_path):
+    """It overwrote saved_model.pb and left the old variables/ files mixed in, exit 0."""
+    from sentemb_jax.export import export_savedmodel
+
+    model = str(tmp_path / "t5")
+    make_t5(model, "1.1")
+    out = tmp_path / "sm"
+    (out / "variables").mkdir(parents=True)
+    (out / "variables" / "stale.index").write_text("an earlier export")
+    with pytest.raises(ValueError, match=f"{out}: not empty \\(an earlier export\\?\\); give export_savedmodel.overwrite=True"):
+        export_savedmodel(model, str(out))
+    assert os.listdir(out) == ["variables"]  # refused before any work: nothing written
+    export_savedmodel(model, str(out), overwrite=True)
+    assert not (out / "variables" / "stale.index").exists() and (out / "saved_model.pb").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["sm", "t5"]  # no staging or set-aside directory left behind
