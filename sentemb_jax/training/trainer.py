@@ -43,7 +43,7 @@ from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.tokenization import Tokenizer
-from sentemb_jax.training import faults
+from sentemb_jax.training import faults, run_record
 from sentemb_jax.training.optimizers import make_optimizer
 from sentemb_jax.training.preemption import Preempted, StopSignals
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
@@ -153,6 +153,7 @@ def train(
     export_dir: str | None = None,
     skip_nonfinite: int = 0,
     fixed_padding: bool | None = None,
+    allow_config_change: bool = False,
     check_only: bool = False,
 ) -> dict:
     """Train a dual encoder; returns the last metrics (and the best STS-B dev score).
@@ -185,6 +186,9 @@ def train(
       `skipped_batches`); more than N bad batches in a row still stop the job.
     fixed_padding: pad every text to `sequence_length` (one batch shape). None: on when the job
       runs on several processes (sentemb_jax.distributed), whose batch parts must have one shape.
+    allow_config_change: resume MODEL_DIR although its model, batch, method or data differ from
+      what its checkpoints were made with (refused by default, listing the differences;
+      sentemb_jax.training.run_record).
     check_only: only check that what the run reads exists (model directories, DATA_DIR, the files
       of `task`, STS-B dev; sentemb_jax.preflight.check_train_inputs) and return {}: how jobs that
       run several trains (distill_report, ensemble_distill) check them all before any work.
@@ -193,6 +197,9 @@ def train(
     the global batch), its part of each batch is placed with make_array_from_process_local_data,
     checkpoints are written by all; metrics, TensorBoard and exports by process 0.
     """
+    from sentemb_jax.validation import check_train_config
+
+    check_train_config(locals())  # every number / choice (and the optimizer's) in range, before any work: exit 2
     from sentemb_jax.preflight import check_train_inputs
 
     # Before any work: a missing model directory, DATA_DIR or file of this task is named with its binding.
@@ -231,8 +238,6 @@ def train(
         encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
     else:
         method = ContrastiveMethod(contrastive)
-    if is_primary():
-        _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
     module = encoder.module
     optimizer = make_optimizer()
     mesh = make_mesh()
@@ -261,10 +266,21 @@ def train(
     restore_target = jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
     history_path = model_path(model_dir, "metrics.jsonl")
-    if manager.latest_step() is not None:
-        step0 = manager.latest_step()
-        restored = manager.restore(step0, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(restore_target), data=ocp.args.JsonRestore()))
+    record = run_record.operative_config(
+        model={"init_from": os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from,
+               "tokenizer_dir": None if init_from else tokenizer_dir, "init_layers": init_layers,
+               "init_random": init_random, "config_overrides": config_overrides or {}, "params_from": params_from,
+               "backbone": module.backbone_config, "pooling": list(module.pooling),
+               "projection_dim": module.projection_dim, "normalize": module.normalize},
+        task=task, batch_size=batch_size, sequence_length=sequence_length, seed=seed, pack=pack,
+        fixed_padding=fixed_padding, prng_impl=prng_impl, method=distill if distill is not None else contrastive,
+        data_files=_task_files(names[task]))
+    if manager.latest_step() is not None:  # a resume: only with the configuration and data it was made with
+        run_record.check_resume(model_dir, record, allow_config_change, TrainingError)
+    step0, restored = run_record.restore_newest_good(
+        manager, lambda s: manager.restore(s, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(restore_target), data=ocp.args.JsonRestore())), model_dir, TrainingError)
+    if restored is not None:
         state = restored["state"]
         pipeline.load_state_dict(restored["data"]["input"])
         best = restored["data"].get("best")
@@ -283,6 +299,9 @@ def train(
             tower = _params_from_run(params_from, restore_target)
         state = method.initial_state(tower, optimizer, shardings)
         best, train_seconds, skipped = None, 0.0, 0
+    if is_primary():  # run metadata only now that every check has passed (a refused start rewrites nothing)
+        _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
+        run_record.write(model_dir, record)
     writer = _SummaryWriter(model_dir) if is_primary() else None
     evaluator = _StsDevEvaluator(encoder, data_dir) if eval_every else None
     rng = jax.random.PRNGKey(seed)
@@ -381,6 +400,13 @@ def train(
             encoder.save_pretrained(export_dir)
             log.info("exported the %s tower to %s", "best" if best else "last", export_dir)
     return {**metrics, "best": best}
+
+
+def _task_files(task_name: str) -> list[str]:
+    """The data files a (file-backed) task or mixture reads for training; TFDS tasks have none here."""
+    provider = seqio.get_mixture_or_task(task_name)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    return [path for t in tasks if isinstance(t.source, RowFileSource) for path in t.source.list_shards("train")]
 
 
 def _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers) -> None:

@@ -1,0 +1,136 @@
+"""What a training run was started with, kept in MODEL_DIR and compared on every resume.
+
+`MODEL_DIR/run_config.json` holds the run's operative configuration: the model (where it starts,
+layers kept, the backbone's sizes, pooling, head), the task, batch size, sequence length, seed,
+packing, the method (the contrastive or distillation config) and a fingerprint of every data
+file the task reads (size and a hash of its first and last MiB). A rerun of the same MODEL_DIR
+whose configuration differs is refused with every difference listed - a changed model, batch,
+method or data would otherwise continue silently or fail with a shape traceback - unless
+`train.allow_config_change=True`; then the new configuration is recorded. What may change
+between restarts is left out: num_steps, time budget, evaluation and checkpoint intervals.
+
+Damaged checkpoints: `restore_newest_good` restores the newest checkpoint that reads back; each
+newer one that does not (a truncated chunk, an empty step directory) is moved to
+`MODEL_DIR/damaged_checkpoints/<step>` with a warning naming it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+
+from etils import epath
+
+log = logging.getLogger(__name__)
+
+RECORD = "run_config.json"
+_EDGE = 1 << 20  # bytes hashed at each end of a data file: cheap on any corpus, catches replaced files
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # configs, at any depth
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return getattr(value, "__name__", None) or str(value)  # a dtype class by its name
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(_plain(value) if dataclasses.is_dataclass(value) else value, default=_plain))
+
+
+def file_fingerprint(path: str) -> dict:
+    """Size and sha256 of the first and last MiB (the whole file when smaller than 2 MiB)."""
+    if "://" in path:
+        return {"bytes": epath.Path(path).stat().length}  # a bucket: the size alone (no random reads)
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(_EDGE))
+        if size > 2 * _EDGE:
+            f.seek(size - _EDGE)
+        digest.update(f.read(_EDGE))
+    return {"bytes": size, "sha256_ends": digest.hexdigest()}
+
+
+def operative_config(*, model: dict, data_files: list[str], **settings) -> dict:
+    """The record: `model` and `settings` made JSON-able, plus each data file's fingerprint."""
+    return {"model": _jsonable(model), **{k: _jsonable(v) for k, v in settings.items()},
+            "data": {p: file_fingerprint(p) for p in data_files}}
+
+
+def _flat(tree, prefix="") -> dict:
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}
+
+
+def differences(before: dict, now: dict) -> list[str]:
+    """`key: before -> now` for each setting that changed; data files by name."""
+    out = []
+    for path in sorted(set(before.get("data", {})) | set(now.get("data", {}))):
+        a, b = before.get("data", {}).get(path), now.get("data", {}).get(path)
+        if a != b:
+            what = ("no longer read" if b is None else "newly read" if a is None
+                    else f"changed ({a.get('bytes')} -> {b.get('bytes')} bytes)" if a.get("bytes") != b.get("bytes")
+                    else "changed (same size, other content)")
+            out.append(f"data file {path}: {what}")
+    flat_a = _flat({k: v for k, v in before.items() if k != "data"})
+    flat_b = _flat({k: v for k, v in now.items() if k != "data"})
+    for key in sorted(set(flat_a) | set(flat_b)):
+        if flat_a.get(key) != flat_b.get(key):
+            out.append(f"{key}: {flat_a.get(key)!r} -> {flat_b.get(key)!r}")
+    return out
+
+
+def check_resume(model_dir: str, now: dict, allow_change: bool, error) -> None:
+    """Raise `error(message)` when MODEL_DIR's record differs from `now` (unless allow_change)."""
+    path = epath.Path(model_dir) / RECORD
+    if not path.exists():
+        log.warning("%s has checkpoints but no %s (a run from before it was kept): configuration not compared",
+                    model_dir, RECORD)
+        return
+    changed = differences(json.loads(path.read_text()), now)
+    if not changed:
+        return
+    if allow_change:
+        log.warning("resuming %s with a changed configuration (train.allow_config_change=True): %s",
+                    model_dir, "; ".join(changed))
+        return
+    raise error(f"MODEL_DIR {model_dir} was trained with another configuration; it differs in: "
+                + "; ".join(changed) + ". Rerun with the run's configuration, use a new MODEL_DIR, or set "
+                "train.allow_config_change=True to resume anyway")
+
+
+def write(model_dir: str, now: dict) -> None:
+    (epath.Path(model_dir) / RECORD).write_text(json.dumps(now, indent=1, sort_keys=True))
+
+
+def restore_newest_good(manager, restore, model_dir: str, error):
+    """(step, restored) of the newest checkpoint that restores, or (None, None) when there is none.
+    A newer one that fails to restore is moved out of the manager's directory (so the run can
+    write that step again) to MODEL_DIR/damaged_checkpoints/<step>, with a warning."""
+    damaged = []
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            return step, restore(step)
+        except Exception as e:  # noqa: BLE001 - orbax / TensorStore raise many kinds for a damaged step
+            reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            source = os.path.join(str(manager.directory), str(step))
+            if "://" in source or not os.path.isdir(source):
+                raise error(f"checkpoint {source} cannot be restored ({reason}); delete that step directory "
+                            "to resume from the one before it") from None
+            target = os.path.join(model_dir, "damaged_checkpoints", str(step))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            shutil.move(source, target)
+            damaged.append(step)
+            log.warning("checkpoint step %d of %s is damaged (%s); moved to %s, resuming from the one before",
+                        step, model_dir, reason, target)
+            manager.reload()
+    if damaged:
+        raise error(f"no checkpoint of {model_dir} can be restored (damaged steps {damaged}, moved to "
+                    f"{model_dir}/damaged_checkpoints); use a new MODEL_DIR to start again")
+    return None, None
