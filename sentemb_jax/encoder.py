@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import numbers
 import os
 import sys
 from typing import Any, Sequence
@@ -78,14 +79,28 @@ def transformer_dir_of(path: str) -> str:
     return _read_layout(path).transformer_dir
 
 
+def _is_under(entry: str, root: str) -> bool:
+    from sentemb_jax.validation import is_under
+
+    return "\0" not in entry and is_under(entry, root)
+
+
 def _read_layout(path: str) -> _Layout:
     modules_path = os.path.join(path, "modules.json")
     if not os.path.isfile(modules_path):
         return _Layout(transformer_dir=path)
     layout = _Layout(transformer_dir=path)
-    for module in _read_json(modules_path):
+    modules = _read_json(modules_path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise CheckpointError(f"{modules_path}: expected a list of module objects")
+    for i, module in enumerate(modules):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        mdir = os.path.join(path, module.get("path", ""))
+        entry = module.get("path", "")
+        # A module directory is one of this model directory's: never an absolute path or one out of it ('..').
+        if not isinstance(entry, str) or os.path.isabs(entry) or not _is_under(entry, path):
+            raise CheckpointError(f"{modules_path}: module {i} ({kind or '?'}) has path {entry!r}, which leaves the "
+                                  f"model directory {os.path.normpath(path)}; module paths are relative to it")
+        mdir = os.path.join(path, entry)
         if kind == "Transformer":
             layout.transformer_dir = mdir
             sb = os.path.join(mdir, "sentence_bert_config.json")
@@ -148,6 +163,17 @@ def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_ta
     for chunk, result in pending:
         out[chunk] = np.asarray(result)[: len(chunk)]
     return out
+
+
+def _restore_state(manager, step: int):
+    """A checkpoint's train state onto this host's first device, whatever topology wrote it."""
+    import orbax.checkpoint as ocp
+
+    meta = manager.item_metadata(step)["state"]
+    one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
+                                    getattr(meta, "tree", meta))
+    return manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
 
 
 def _position_limit(cfg) -> int | None:
@@ -255,20 +281,23 @@ class SentenceEncoder:
             module = encoder.module.clone(projection_dim=arch["projection_dim"], projection_bias=True,
                                           projection_activation=arch.get("projection_activation"))
             encoder = cls(module, None, encoder.tokenizer, encoder.hf_config)
+        restored, damaged = None, []
         for kind in ("best", "checkpoints") if which == "best" else ("checkpoints",):
             manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), kind),
                                             item_handlers={"state": ocp.StandardCheckpointHandler()})
-            step = manager.latest_step()
-            if step is not None:
+            for step in sorted(manager.all_steps(), reverse=True):  # a damaged newest one: the one before
+                try:
+                    restored = _restore_state(manager, step)
+                    break
+                except Exception as e:  # noqa: BLE001 - orbax / TensorStore raise many kinds for a damaged step
+                    damaged.append(f"{kind}/{step}")
+                    log.warning("%s/%s/%d cannot be restored (%s); trying the one before", run_dir, kind, step,
+                                str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+            if restored is not None:
                 break
-        else:
-            raise CheckpointError(f"{run_dir}: no checkpoint under {run_dir}/best or {run_dir}/checkpoints")
-        # Onto this host's first device, whatever topology wrote it (a multi-host run included).
-        meta = manager.item_metadata(step)["state"]
-        one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
-                                        getattr(meta, "tree", meta))
-        restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
+        if restored is None:
+            raise CheckpointError(f"{run_dir}: no checkpoint under {run_dir}/best or {run_dir}/checkpoints"
+                                  + (f" that can be restored (damaged: {', '.join(damaged)})" if damaged else ""))
         tower = restored["params"]["tower"]
         if encoder.params is not None:
             want = jax.tree_util.tree_structure(encoder.params)
@@ -307,6 +336,10 @@ class SentenceEncoder:
         """
         single = isinstance(sentences, str)
         texts = check_texts([sentences] if single else sentences, "SentenceEncoder.encode")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            from sentemb_jax.validation import ConfigError
+
+            raise ConfigError(f"SentenceEncoder.encode: batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
             raise ValueError(f"SentenceEncoder.encode: batch_size must be >= 1, got {batch_size}")
         dim = self.get_sentence_embedding_dimension()

@@ -112,7 +112,8 @@ def six_steps(t5_dir, data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path, data_dir, capsys, damage, six_steps):
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path, data_dir, capsys, caplog, damage,
+                                                                 six_steps):
     """A truncated chunk (TensorStore error) or an empty step directory (KeyError) blocked resume."""
     import numpy as np
 
@@ -129,6 +130,14 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path
             elif os.path.getsize(path) > 64:
                 with open(path, "r+b") as fh:
                     fh.truncate(os.path.getsize(path) // 2)
+    # Loading the run's tower is not blocked either: the newest restorable checkpoint (step 2), and said.
+    import logging
+
+    from sentemb_jax.encoder import SentenceEncoder
+
+    with caplog.at_level(logging.WARNING, logger="sentemb_jax"):
+        assert SentenceEncoder.from_pretrained(str(run)).params is not None
+    assert f"{run}/checkpoints/4 cannot be restored" in caplog.text
     capsys.readouterr()
     assert runner.main(_args(t5_dir, run, data_dir, "--gin.sentemb_jax.train.num_steps=6")) == 0
     err = capsys.readouterr().err
