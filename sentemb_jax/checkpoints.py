@@ -243,6 +243,11 @@ def _index_files(model_dir: str, index_name: str) -> list[str]:
             weight_map = json.load(f)["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a valid shard index ({e})") from None
+    from sentemb_jax.validation import is_under
+
+    for name in sorted(set(map(str, weight_map.values()))):  # each shard a file of this directory, never outside it
+        if os.path.isabs(name) or not is_under(name, model_dir):
+            raise CheckpointError(f"{path}: weight_map entry {name!r} leaves the model directory {os.path.normpath(model_dir)}")
     return sorted(set(weight_map.values()))
 
 

@@ -32,8 +32,10 @@ def stsb_split_scores(model, data_dir: str, split: str = "dev", batch_size: int 
     """Spearman / Pearson (x 100) of any encoder (a SentenceEncoder, an ensemble) on an STS-B split."""
     from sentemb_jax.evaluation.sts import evaluate_sts_pairs
 
-    s1, s2, gold = read_sts_pairs(os.path.join(data_dir, "stsb", f"{split}.tsv"), score_range=(0.0, 5.0))
-    return {**evaluate_sts_pairs(model, s1, s2, gold, batch_size=batch_size), "split": split, "pairs": len(gold)}
+    path = os.path.join(data_dir, "stsb", f"{split}.tsv")
+    s1, s2, gold = read_sts_pairs(path, score_range=(0.0, 5.0))
+    return {**evaluate_sts_pairs(model, s1, s2, gold, batch_size=batch_size, name=f"STS-B {split} ({path})"),
+            "split": split, "pairs": len(gold)}
 
 
 @gin.configurable(module="sentemb_jax")
@@ -43,12 +45,19 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
     from sentemb_jax import preflight
     from sentemb_jax.encoder import SentenceEncoder
 
-    job = "sentemb_jax.evaluate_stsb"  # before any work: the model, DATA_DIR and the split's file exist
+    from sentemb_jax import validation
+    from sentemb_jax.evaluation.sts import check_scorable
+
+    job = "sentemb_jax.evaluate_stsb"  # before any work: the numbers, the model, DATA_DIR and the split's file
+    validation.check_batch_size(batch_size, job)
+    validation.require_name(split, job, "split", os.path.join(str(data_dir), "stsb"))
     preflight.require_model_dir(model_path, job, "model_path")
     preflight.require_dir(data_dir, job, "data_dir")
     path = os.path.join(data_dir, "stsb", f"{split}.tsv")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file (STS-B split {split!r}; data_dir {preflight.source(job, 'data_dir')})")
+    # An empty split or one gold score for every pair has no correlation: said before the model loads.
+    check_scorable(read_sts_pairs(path, score_range=(0.0, 5.0))[2], f"STS-B {split} ({path})")
     start = time.time()
     result = stsb_split_scores(SentenceEncoder.from_pretrained(model_path), data_dir, split, batch_size)
     result.update(model=model_path, seconds=round(time.time() - start, 2))
@@ -65,6 +74,11 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
 def data_summary(batch_size: int = 64, sequence_length: int = 128, seed: int = 0) -> dict:
     """Register the tasks (gin: sentemb_jax.data.register_tasks.*), validate each file, show a batch.
     Every task is this job's: a missing file of any (all named at once) stops it before any is read."""
+    from sentemb_jax import validation
+
+    validation.check_batch_size(batch_size, "sentemb_jax.data_summary")
+    validation.require_int(sequence_length, "sentemb_jax.data_summary", "sequence_length", 2)
+    validation.check_seed(seed, "sentemb_jax.data_summary")
     from sentemb_jax.data.pipeline import InputPipeline
 
     names = data_tasks.register_tasks(require=True)

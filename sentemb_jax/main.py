@@ -136,6 +136,11 @@ def _hint_name(hint) -> str:
 @gin.configurable
 def run(job=gin.REQUIRED):
     """Runs the job chosen in gin (`run.job = @some_job`)."""
+    if not callable(job):
+        from sentemb_jax.validation import _suggest_job
+
+        raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{_suggest_job(job)} "
+                         "(a reference to the job, with @)")
     return job()
 
 
@@ -193,11 +198,13 @@ def _run_job(argv: list[str], console) -> int:
     from sentemb_jax.tokenization import TokenizerError
     from sentemb_jax.training.preemption import Preempted
     from sentemb_jax.training.trainer import TrainingError
+    from sentemb_jax.validation import ConfigError, check_run_job
 
     try:
         files, bindings, search = parse_args(argv)
         register_configurables()
         parse_gin(files, bindings, search)
+        check_run_job()  # a string or @job() is refused before anything runs
         from sentemb_jax.distributed import initialize_distributed
 
         several = initialize_distributed()  # multi-host runs: before anything touches a device
@@ -209,7 +216,7 @@ def _run_job(argv: list[str], console) -> int:
             if "Required bindings" in str(e):
                 raise UsageError(f"gin configuration error: {split_gin_context(str(e))[0]}") from None
             raise
-    except UsageError as e:
+    except (UsageError, ConfigError) as e:  # ConfigError: a configured number / choice / path out of range
         return fail(e, 2)
     except Preempted as e:  # SIGTERM / Ctrl-C in training: checkpointed, resumable
         message, context = split_gin_context(str(e))

@@ -241,8 +241,21 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
     for split, paths in by_split.items():
         built = []
         for path in [paths] if isinstance(paths, str) else list(paths):  # a list: files read as one
-            full = path if os.path.isabs(path) else os.path.join(data_dir, path)
             binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
+            if not isinstance(path, str) or not path:
+                from sentemb_jax.validation import ConfigError
+
+                raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: "
+                                  "must be a file path (a string; relative ones are under DATA_DIR)")
+            if not os.path.isabs(path):  # a relative entry stays under DATA_DIR; an absolute one is the user's own
+                from sentemb_jax.validation import is_under, ConfigError
+
+                if not is_under(path, data_dir):
+                    raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: a relative "
+                                      f"path must stay under DATA_DIR {os.path.normpath(data_dir)} (it resolves to "
+                                      f"{os.path.normpath(os.path.join(data_dir, path))}); give an absolute path for a "
+                                      "file elsewhere")
+            full = path if os.path.isabs(path) else os.path.join(data_dir, path)
             built.append(build(full, binding))
         specs[split] = built[0] if isinstance(paths, str) else tuple(built)
     return specs

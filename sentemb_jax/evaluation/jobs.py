@@ -64,6 +64,21 @@ def check_inputs(job: str, model_path: str | None, data_dir: str | None, **paths
             preflight.require_file(path, selector, param)
 
 
+def check_config(job: str, batch_size, kfold=None, seed=None, tasks=None, known: Sequence[str] = ()) -> None:
+    """Before any work: the job's numbers and task names (each task name also names files under
+    DATA_DIR, so only known names); a ConfigError names the gin binding and the allowed range."""
+    from sentemb_jax import validation
+
+    selector = f"sentemb_jax.{job}"
+    validation.check_batch_size(batch_size, selector)
+    if kfold is not None:
+        validation.require_int(kfold, selector, "kfold", 2)
+    if seed is not None:
+        validation.check_seed(seed, selector)
+    if tasks is not None:
+        validation.require_choices(tasks, known, selector, "tasks")
+
+
 def omitted_tasks(task_files: dict[str, Sequence[str]]) -> tuple[list[str], list[str]]:
     """([tasks whose files all exist], ["TASK: <first absent file> absent" for the others])."""
     present, omitted = [], []
@@ -120,6 +135,7 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
         from sentemb_jax.main import UsageError
 
         raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_config("eval_sts", batch_size)
     check_inputs("eval_sts", model_path if model is None else None, data_dir, sickr_test_path=sickr_test_path)
     preflight.require_some_task("eval_sts", data_dir, *sts_inputs(data_dir, sickr_test_path), "sentemb_jax.eval_sts")
     return _eval_sts(model_path, model_dir, data_dir, sickr_test_path, aggregation, batch_size, model)
@@ -167,6 +183,7 @@ def sts_scores(model_path: str, model_dir: str, data_dir: str, make=None, sickr_
 def eval_pairs(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data_dir: str = gin.REQUIRED,
                qqp_path: str | None = None, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """Pair-classification AUC: MRPC test, QNLI dev[:1000] / dev[1000:], QQP when a file is given."""
+    check_config("eval_pairs", batch_size)
     check_inputs("eval_pairs", model_path if model is None else None, data_dir, qqp_path=qqp_path)
     preflight.require_some_task("eval_pairs", data_dir, *pairs_inputs(data_dir, qqp_path), "sentemb_jax.eval_pairs")
     return _eval_pairs(model_path, model_dir, data_dir, qqp_path, batch_size, model)
@@ -186,6 +203,7 @@ def eval_transfer(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
                   tasks: Sequence[str] = transfer.TRANSFER_TASKS, kfold: int = 10, seed: int = transfer.DEFAULT_SEED,
                   batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """SentEval transfer accuracies (MR CR SUBJ MPQA: k-fold; SST2, TREC: given splits)."""
+    check_config("eval_transfer", batch_size, kfold, seed, tasks, transfer.TRANSFER_TASKS)
     check_inputs("eval_transfer", model_path if model is None else None, data_dir)
     preflight.require_some_task("eval_transfer", data_dir, *transfer_inputs(data_dir, tasks), "sentemb_jax.eval_transfer")
     return _eval_transfer(model_path, model_dir, data_dir, tasks, kfold, seed, batch_size, model)
@@ -206,6 +224,7 @@ def eval_sentglue(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
                   sicke_test_path: str | None = None, tasks: Sequence[str] = sentglue.SENTGLUE_TASKS, kfold: int = 10,
                   seed: int = transfer.DEFAULT_SEED, batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """SentGLUE-style MRPC, STS-B, QNLI, SICK-E with [u, v, |u-v|, u*v] and a linear head."""
+    check_config("eval_sentglue", batch_size, kfold, seed, tasks, sentglue.SENTGLUE_TASKS)
     check_inputs("eval_sentglue", model_path if model is None else None, data_dir, sicke_test_path=sicke_test_path)
     preflight.require_some_task("eval_sentglue", data_dir, *sentglue_inputs(data_dir, tasks), "sentemb_jax.eval_sentglue")
     return _eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, tasks, kfold, seed, batch_size, model)
@@ -226,6 +245,7 @@ def _eval_sentglue(model_path: str, model_dir: str, data_dir: str, sicke_test_pa
 def eval_reranking(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, path: str = gin.REQUIRED,
                    batch_size: int = 64, model: EmbeddingCache | None = None) -> dict:
     """MAP and MRR@10 for a JSONL file of queries with positive and negative candidates."""
+    check_config("eval_reranking", batch_size)
     check_inputs("eval_reranking", model_path if model is None else None, None, path=path)
     result = reranking.evaluate_reranking_file(_given_or_loaded(model, model_path), path, batch_size)
     results = update_results(model_dir, model_path, {"reranking": {**result, "path": path}})
@@ -244,6 +264,7 @@ def eval_all(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
         from sentemb_jax.main import UsageError
 
         raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
+    check_config("eval_all", batch_size)
     check_inputs("eval_all", model_path, data_dir, sickr_test_path=sickr_test_path, sicke_test_path=sicke_test_path,
                  qqp_path=qqp_path)
     present, omitted = [], []

@@ -31,16 +31,33 @@ def pair_scores(model, sentences1, sentences2, batch_size: int = 64) -> np.ndarr
     return cosine_scores(model, sentences1, sentences2, batch_size)
 
 
-def pair_auc(scores, labels) -> float:
-    """ROC AUC x 100 (labels 1 = positive)."""
-    return float(roc_auc_score(np.asarray(labels), np.asarray(scores)) * 100)
+def pair_auc(scores, labels, name: str = "pairs") -> float:
+    """ROC AUC x 100 (labels 1 = positive); UndefinedScoreError (with the reason) when it is not
+    defined: no pairs, one class only, NaN / inf scores."""
+    from sentemb_jax.evaluation.sts import UndefinedScoreError
+
+    labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float64)
+    if len(labels) == 0:
+        raise UndefinedScoreError(f"{name}: AUC undefined: no pairs to score (an empty split?)")
+    classes = np.unique(labels)
+    if len(classes) < 2:
+        raise UndefinedScoreError(f"{name}: AUC undefined: every one of the {len(labels)} labels is {classes[0].item()!r} "
+                                  "(it needs both classes, 0 and 1)")
+    bad = ~np.isfinite(scores)
+    if bad.any():
+        raise UndefinedScoreError(f"{name}: AUC undefined: {int(bad.sum())} of the {len(scores)} model scores are "
+                                  "NaN / inf (NaN embeddings?)")
+    return float(roc_auc_score(labels, scores) * 100)
 
 
 def evaluate_pair_file(model, path: str, rows: slice = slice(None), batch_size: int = 64) -> dict:
     """{"auc": x100, "pairs": n} for the rows `rows` of a labelled-pairs file."""
     s1, s2, labels = read_labelled_pairs(path)
     s1, s2, labels = s1[rows], s2[rows], labels[rows]
-    return {"auc": pair_auc(pair_scores(model, s1, s2, batch_size), labels), "pairs": len(labels)}
+    where = path if rows == slice(None) else f"{path} rows [{rows.start or 0}:{'' if rows.stop is None else rows.stop}]"
+    if len(labels) == 0 or len(set(labels)) < 2:
+        pair_auc([], labels, where)  # undefined whatever the model: said before encoding
+    return {"auc": pair_auc(pair_scores(model, s1, s2, batch_size), labels, where), "pairs": len(labels)}
 
 
 def pair_task_files(data_dir: str, qqp_path: str | None = None) -> dict[str, tuple[str, slice]]:

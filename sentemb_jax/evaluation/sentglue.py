@@ -56,9 +56,10 @@ def ridge_dev_then_test(X_train, y_train, X_dev, y_dev, X_test, y_test, alphas: 
     """Ridge head: alpha by dev Spearman, then test Spearman/Pearson (x 100) of that fit."""
     with threadpool_limits(1):
         fits = [Ridge(alpha=a).fit(X_train, y_train) for a in alphas]
-        dev = [correlations(f.predict(X_dev), y_dev)["spearman"] for f in fits]
+        dev = [correlations(f.predict(X_dev), y_dev, f"ridge head (alpha={a}) on dev")["spearman"]
+               for a, f in zip(alphas, fits)]
         best = int(np.argmax(dev))
-        test = correlations(fits[best].predict(X_test), y_test)
+        test = correlations(fits[best].predict(X_test), y_test, f"ridge head (alpha={alphas[best]}) on test")
     return {**test, "dev_spearman": dev[best], "alpha": alphas[best]}
 
 

@@ -61,16 +61,51 @@ def cosine_scores(model, sentences1: list[str], sentences2: list[str], batch_siz
     return np.sum(a * b, axis=1)
 
 
-def correlations(scores: np.ndarray, gold: np.ndarray) -> dict[str, float]:
-    """Spearman and Pearson correlation, both x 100."""
+class UndefinedScoreError(ValueError):
+    """A correlation that is not defined (an empty split, constant gold scores, constant or NaN
+    model scores): said with the reason instead of reporting `nan`."""
+
+
+def check_scorable(gold, name: str = "scores") -> None:
+    """UndefinedScoreError when no correlation with `gold` can be defined, whatever the model."""
+    gold = np.asarray(gold, dtype=np.float64).reshape(-1)
+    if len(gold) < 2:
+        raise UndefinedScoreError(f"{name}: correlation undefined: {len(gold)} pair(s) to score "
+                                  "(an empty split?); it needs at least 2")
+    if not np.all(np.isfinite(gold)):
+        raise UndefinedScoreError(f"{name}: correlation undefined: {int(np.sum(~np.isfinite(gold)))} gold score(s) "
+                                  "are NaN / inf")
+    if np.all(gold == gold[0]):
+        raise UndefinedScoreError(f"{name}: correlation undefined: every one of the {len(gold)} gold scores is "
+                                  f"{gold[0]:g} (constant gold scores have no ranking to correlate with)")
+
+
+def check_predictions(scores, name: str = "scores") -> None:
+    """UndefinedScoreError when the model's scores are NaN / inf or all equal (no ranking)."""
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(scores)
+    if bad.any():
+        raise UndefinedScoreError(f"{name}: score undefined: {int(bad.sum())} of the {len(scores)} model scores "
+                                  "are NaN / inf (NaN embeddings?)")
+    if len(scores) and np.all(scores == scores[0]):
+        raise UndefinedScoreError(f"{name}: score undefined: the model gives all {len(scores)} pairs the same score "
+                                  f"({scores[0]:.6g}); constant predictions have no ranking (a collapsed model?)")
+
+
+def correlations(scores: np.ndarray, gold: np.ndarray, name: str = "scores") -> dict[str, float]:
+    """Spearman and Pearson correlation, both x 100; UndefinedScoreError (with the reason) when
+    either is undefined: fewer than 2 pairs, constant gold or model scores, NaN scores."""
+    check_scorable(gold, name)
+    check_predictions(scores, name)
     return {
         "spearman": float(stats.spearmanr(scores, gold).statistic * 100),
         "pearson": float(stats.pearsonr(scores, gold).statistic * 100),
     }
 
 
-def evaluate_sts_pairs(model, sentences1, sentences2, gold, batch_size: int = 64) -> dict[str, float]:
-    return correlations(cosine_scores(model, sentences1, sentences2, batch_size), np.asarray(gold))
+def evaluate_sts_pairs(model, sentences1, sentences2, gold, batch_size: int = 64, name: str = "STS pairs") -> dict[str, float]:
+    check_scorable(gold, name)  # before encoding: an empty split or constant gold scores
+    return correlations(cosine_scores(model, sentences1, sentences2, batch_size), np.asarray(gold), name)
 
 
 @dataclasses.dataclass
@@ -82,7 +117,7 @@ class ScoredPairs:
     gold: np.ndarray
 
     def correlations(self) -> dict[str, float]:
-        return correlations(self.scores, self.gold)
+        return correlations(self.scores, self.gold, self.name)
 
 
 def aggregate(subsets: list[ScoredPairs], aggregation: str = "all") -> dict[str, float]:
@@ -90,7 +125,8 @@ def aggregate(subsets: list[ScoredPairs], aggregation: str = "all") -> dict[str,
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "all":
-        return correlations(np.concatenate([s.scores for s in subsets]), np.concatenate([s.gold for s in subsets]))
+        return correlations(np.concatenate([s.scores for s in subsets]), np.concatenate([s.gold for s in subsets]),
+                            "+".join(s.name for s in subsets))
     per_subset = [s.correlations() for s in subsets]
     weights = [len(s.gold) for s in subsets] if aggregation == "wmean" else None
     return {key: float(np.average([c[key] for c in per_subset], weights=weights)) for key in ("spearman", "pearson")}

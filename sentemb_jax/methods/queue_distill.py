@@ -103,6 +103,26 @@ class QueueDistillConfig:
                              f"{losses.REGRESSION_LOSSES}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"QueueDistillConfig.alpha={self.alpha}: must lie in [0, 1]")
+        from sentemb_jax import validation as v  # numbers: ConfigError naming the gin binding (exit 2)
+
+        sel = "sentemb_jax.QueueDistillConfig"
+        v.require_int(self.queue_size, sel, "queue_size", 1)
+        for name in ("teacher_temperature", "student_temperature", "reference_temperature", "online_temperature",
+                     "ensemble_temperature"):
+            v.require_number(getattr(self, name), sel, name, 0, low_open=True)
+        v.require_number(self.ensemble_infonce_weight, sel, "ensemble_infonce_weight", 0, 1)
+        v.require_int(self.projector_layers, sel, "projector_layers", 0)
+        v.require_int(self.projector_expansion, sel, "projector_expansion", 1)
+        v.require_int(self.teacher_batch_size, sel, "teacher_batch_size", 1)
+        v.require_int(self.shard_queue_min_entries, sel, "shard_queue_min_entries", 1)
+        if self.teacher_weights is not None:
+            weights = self.teacher_weights
+            teachers = (self.teacher,) if isinstance(self.teacher, str) else tuple(self.teacher or ())
+            ok = isinstance(weights, (tuple, list)) and all(
+                v._is_real(w) and w == w and 0 <= w < float("inf") for w in weights) and sum(weights) > 0
+            if not ok or (teachers and len(weights) != len(teachers)):
+                v.fail(weights, sel, "teacher_weights", f"must be None (uniform) or {len(teachers) or 'one per teacher'} "
+                       "finite weights >= 0 with a positive sum, one per QueueDistillConfig.teacher")
 
     @property
     def needs_cached_teacher(self) -> bool:

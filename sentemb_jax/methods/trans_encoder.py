@@ -249,7 +249,8 @@ def score_eval_set(model, ev: EvalSet) -> float:
 
     s1, s2, gold = _read_eval_set(ev)
     scores = pair_scores(model, s1, s2)
-    return correlations(scores, gold)["spearman"] if ev.kind == "sts" else pair_auc(scores, gold)
+    name = f"evaluation set {getattr(ev, 'name', None) or getattr(ev, 'path', '')}"
+    return correlations(scores, gold, name)["spearman"] if ev.kind == "sts" else pair_auc(scores, gold, name)
 
 
 def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,

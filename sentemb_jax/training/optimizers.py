@@ -4,19 +4,30 @@ from __future__ import annotations
 import gin
 import optax
 
+from sentemb_jax import validation as v
+
 
 @gin.configurable(module="sentemb_jax")
 def learning_rate_schedule(peak: float = 1e-3, warmup_steps: int = 0, total_steps: int | None = None,
                            decay: str = "linear", warmup_fraction: float | None = None) -> optax.Schedule:
     """Linear warm-up to `peak`, then linear decay to 0 at `total_steps` (or constant).
 
-    warmup_fraction: warm up over this share of `total_steps` instead of `warmup_steps`."""
-    if decay not in ("linear", "constant"):
-        raise ValueError(f"decay must be 'linear' or 'constant', got {decay!r}")
+    warmup_fraction: warm up over this share of `total_steps` instead of `warmup_steps`.
+    Each value is checked (ConfigError naming its gin binding or argument and the allowed range)."""
+    sel = "sentemb_jax.learning_rate_schedule"
+    v.require_choice(decay, ("linear", "constant"), sel, "decay")
+    v.require_number(peak, sel, "peak", 0, low_open=True)
+    v.require_int(warmup_steps, sel, "warmup_steps", 0)
+    v.require_int(total_steps, sel, "total_steps", 1, allow_none=True, none_means=" (constant after warm-up)")
+    v.require_number(warmup_fraction, sel, "warmup_fraction", 0, 1, high_open=True, allow_none=True)
+    if decay == "linear" and total_steps is None:
+        v.fail(total_steps, sel, "total_steps", "linear decay needs total_steps (an integer >= 1)")
     if warmup_fraction is not None:
-        if not total_steps or not 0.0 <= warmup_fraction < 1.0:
-            raise ValueError(f"warmup_fraction={warmup_fraction} needs total_steps and a value in [0, 1)")
+        if not total_steps:
+            v.fail(warmup_fraction, sel, "warmup_fraction", "needs total_steps (an integer >= 1)")
         warmup_steps = int(warmup_fraction * total_steps)
+    elif total_steps is not None and warmup_steps > total_steps:
+        v.fail(warmup_steps, sel, "warmup_steps", f"must be <= total_steps ({total_steps})")
     after = optax.constant_schedule(peak)
     if decay == "linear":
         if not total_steps:
@@ -34,7 +45,18 @@ def make_optimizer(name: str = "adafactor", learning_rate: optax.ScalarOrSchedul
     """Adafactor with t5x defaults (factored second moments, decay rate 0.8) or AdamW.
 
     Global-norm clipping (`clip_norm`) runs first; None disables it.
+    learning_rate: a finite number > 0, or a schedule (`@sentemb_jax.learning_rate_schedule()`).
+    Each value is checked (ConfigError naming its gin binding or argument and the allowed range).
     """
+    sel = "sentemb_jax.make_optimizer"
+    v.require_choice(name, ("adafactor", "adamw"), sel, "name")
+    if not callable(learning_rate) and not (v._is_real(learning_rate) and 0 < learning_rate < float("inf")):
+        v.fail(learning_rate, sel, "learning_rate",
+               "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())")
+    v.require_number(clip_norm, sel, "clip_norm", 0, low_open=True, allow_none=True, none_means=" (no clipping)")
+    v.require_number(weight_decay, sel, "weight_decay", 0)
+    v.require_number(adafactor_decay_rate, sel, "adafactor_decay_rate", 0, 1, low_open=True)
+    v.require_int(min_dim_size_to_factor, sel, "min_dim_size_to_factor", 1)
     if name == "adafactor":
         opt = optax.adafactor(
             learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=adafactor_decay_rate,

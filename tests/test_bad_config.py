@@ -1,0 +1,382 @@
+"""Issue 28, item 3: every configured number, choice and path is checked before any work.
+
+Each case runs the job runner in-process (or calls the API) and checks the exit code and the exact
+`error:` line: a number / choice out of range or a path out of its root -> exit 2 naming the gin
+binding (or API argument) and what is allowed; an undefined score -> exit 1 saying why. No model
+is loaded: every case stops before that (the model directories only have to exist).
+"""
+import json
+import math
+import os
+
+import gin
+import numpy as np
+import pytest
+
+from sentemb_jax import main as runner
+from sentemb_jax.validation import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_job(gin_file, *bindings, capsys):
+    """(exit code, the `error:` line without its prefix) of an in-process job."""
+    gin.clear_config()
+    rc = runner.main([f"--gin_file={gin_file}", *[f"--gin.{b}" for b in bindings]])
+    err = capsys.readouterr().err.strip().splitlines()
+    last = err[-1] if err else ""
+    assert rc == 0 or last.startswith("error: "), err
+    return rc, last[len("error: "):]
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    return str(tmp_path / "run")
+
+
+def assert_untouched(model_dir):
+    """Nothing of a run was started: no checkpoints, no run record (run.log is the console's log)."""
+    left = set(os.listdir(model_dir)) if os.path.isdir(model_dir) else set()
+    assert left <= {"run.log"}, left
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Numbers and choices: exit 2, the gin binding and the allowed range, before any model loads
+
+T = "gin binding sentemb_jax.train"
+TRAIN_CASES = [
+    ("sentemb_jax.train.batch_size=0", f"{T}.batch_size = 0: must be an integer >= 1"),
+    ("sentemb_jax.train.batch_size=-4", f"{T}.batch_size = -4: must be an integer >= 1"),
+    ("sentemb_jax.train.num_steps=0", f"{T}.num_steps = 0: must be an integer >= 1"),
+    ("sentemb_jax.train.num_steps=-5", f"{T}.num_steps = -5: must be an integer >= 1"),
+    ("sentemb_jax.train.sequence_length=1", f"{T}.sequence_length = 1: must be an integer >= 2"),
+    ("sentemb_jax.train.checkpoint_every=0", f"{T}.checkpoint_every = 0: must be an integer >= 1"),
+    ("sentemb_jax.train.keep_checkpoints=0", f"{T}.keep_checkpoints = 0: must be an integer >= 1"),
+    ("sentemb_jax.train.eval_every=0", f"{T}.eval_every = 0: must be None (no evaluation) or an integer >= 1"),
+    ("sentemb_jax.train.log_every=-1", f"{T}.log_every = -1: must be an integer >= 1"),
+    ("sentemb_jax.train.time_budget_s=0", f"{T}.time_budget_s = 0: must be None (no budget) or a finite number > 0"),
+    ("sentemb_jax.train.time_budget_s=1e999", f"{T}.time_budget_s = inf: must be None (no budget) or a finite number > 0"),
+    ("sentemb_jax.train.seed=-1", f"{T}.seed = -1: must be an integer in [0, 2147483647]"),
+    ("sentemb_jax.train.seed=2**40".replace("2**40", str(2**40)), f"{T}.seed = {2**40}: must be an integer in [0, 2147483647]"),
+    ("sentemb_jax.train.skip_nonfinite=-1", f"{T}.skip_nonfinite = -1: must be an integer >= 0"),
+    ("sentemb_jax.train.init_layers=0", f"{T}.init_layers = 0: must be None (every layer) or an integer >= 1"),
+    ("sentemb_jax.train.prng_impl='fast'", f"{T}.prng_impl = 'fast': must be one of ('threefry2x32', 'rbg', 'unsafe_rbg')"),
+    ("sentemb_jax.train.pooling=['avg']", f"{T}.pooling = ['avg']: must be None (the model's own) or modes from "),
+    ("sentemb_jax.train.task=''", f"{T}.task = '': must be a task name (a string, e.g. 'nli_triples')"),
+    # The optimizer gin configures for the run: checked at the start too, not after the model loads.
+    ("sentemb_jax.make_optimizer.learning_rate='abc'", "gin binding sentemb_jax.make_optimizer.learning_rate = 'abc': "
+     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+    ("sentemb_jax.make_optimizer.learning_rate=-0.001", "gin binding sentemb_jax.make_optimizer.learning_rate = -0.001: "
+     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+    ("sentemb_jax.make_optimizer.learning_rate=1e999", "gin binding sentemb_jax.make_optimizer.learning_rate = inf: "
+     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+    ("sentemb_jax.make_optimizer.name='sgd'", "gin binding sentemb_jax.make_optimizer.name = 'sgd': "
+     "must be one of ('adafactor', 'adamw')"),
+    ("sentemb_jax.make_optimizer.clip_norm=0", "gin binding sentemb_jax.make_optimizer.clip_norm = 0: "
+     "must be None (no clipping) or a finite number > 0"),
+    ("sentemb_jax.make_optimizer.weight_decay=-0.1", "gin binding sentemb_jax.make_optimizer.weight_decay = -0.1: "
+     "must be a finite number >= 0"),
+    ("sentemb_jax.learning_rate_schedule.peak=0", "gin binding sentemb_jax.learning_rate_schedule.peak = 0: "
+     "must be a finite number > 0"),
+    ("sentemb_jax.learning_rate_schedule.warmup_steps=-1", "gin binding sentemb_jax.learning_rate_schedule.warmup_steps "
+     "= -1: must be an integer >= 0"),
+    ("sentemb_jax.learning_rate_schedule.warmup_steps=500", "gin binding sentemb_jax.learning_rate_schedule.warmup_steps "
+     "= 500: must be <= total_steps (200)"),
+    ("sentemb_jax.learning_rate_schedule.total_steps=0", "gin binding sentemb_jax.learning_rate_schedule.total_steps "
+     "= 0: must be None (constant after warm-up) or an integer >= 1"),
+    ("sentemb_jax.learning_rate_schedule.decay='cosine'", "gin binding sentemb_jax.learning_rate_schedule.decay = "
+     "'cosine': must be one of ('linear', 'constant')"),
+    ("sentemb_jax.learning_rate_schedule.warmup_fraction=1.5", "gin binding sentemb_jax.learning_rate_schedule."
+     "warmup_fraction = 1.5: must be None or a number in [0, 1)"),
+    ("sentemb_jax.ContrastiveConfig.temperature=0.0", "gin binding sentemb_jax.ContrastiveConfig.temperature = 0.0: "
+     "must be a finite number > 0"),
+    ("sentemb_jax.ContrastiveConfig.temperature=-0.05", "gin binding sentemb_jax.ContrastiveConfig.temperature = -0.05: "
+     "must be a finite number > 0"),
+    ("sentemb_jax.ContrastiveConfig.label_smoothing=1.0", "gin binding sentemb_jax.ContrastiveConfig.label_smoothing = "
+     "1.0: must be a number in [0, 1)"),
+    ("sentemb_jax.ContrastiveConfig.chunk_size=0", "gin binding sentemb_jax.ContrastiveConfig.chunk_size = 0: "
+     "must be None (whole batch) or an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("binding, message", TRAIN_CASES, ids=[c[0].split("sentemb_jax.")[-1] for c in TRAIN_CASES])
+def test_train_numbers_exit_2_naming_the_binding(binding, message, model_dir, capsys):
+    rc, err = run_job("gin/runs/minilm_nli.gin", f"MODEL_DIR='{model_dir}'", binding, capsys=capsys)
+    assert rc == 2
+    assert err.startswith(message) if message.endswith(" ") else err == message, err
+    assert_untouched(model_dir)
+
+
+def test_a_number_set_through_a_macro_names_the_macro(tmp_path, model_dir, capsys):
+    cfg = tmp_path / "job.gin"
+    cfg.write_text(f"include '{REPO}/gin/runs/minilm_nli.gin'\nSTEPS = -3\nsentemb_jax.train.num_steps = %STEPS\n")
+    rc, err = run_job(str(cfg), f"MODEL_DIR='{model_dir}'", capsys=capsys)
+    assert (rc, err) == (2, "gin binding sentemb_jax.train.num_steps = %STEPS = -3: must be an integer >= 1")
+
+
+def test_a_scoped_train_names_its_scope(tmp_path, model_dir, capsys):
+    cfg = tmp_path / "job.gin"
+    cfg.write_text(f"include '{REPO}/gin/runs/minilm_nli.gin'\nrun.job = @stage1/sentemb_jax.train\n"
+                   "stage1/sentemb_jax.train.batch_size = 0\n")
+    rc, err = run_job(str(cfg), f"MODEL_DIR='{model_dir}'", capsys=capsys)
+    assert (rc, err) == (2, "gin binding stage1/sentemb_jax.train.batch_size = 0: must be an integer >= 1")
+
+
+Q = "gin binding sentemb_jax.QueueDistillConfig"
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("sentemb_jax.QueueDistillConfig.queue_size=0", f"{Q}.queue_size = 0: must be an integer >= 1"),
+    ("sentemb_jax.QueueDistillConfig.teacher_temperature=0.0", f"{Q}.teacher_temperature = 0.0: must be a finite number > 0"),
+    ("sentemb_jax.QueueDistillConfig.student_temperature=-1.0", f"{Q}.student_temperature = -1.0: must be a finite number > 0"),
+    ("sentemb_jax.QueueDistillConfig.teacher_batch_size=0", f"{Q}.teacher_batch_size = 0: must be an integer >= 1"),
+    ("sentemb_jax.QueueDistillConfig.teacher_weights=(1.0, 2.0)", f"{Q}.teacher_weights = (1.0, 2.0): must be None "
+     "(uniform) or 1 finite weights >= 0 with a positive sum, one per QueueDistillConfig.teacher"),
+])
+def test_queue_distill_numbers_exit_2(binding, message, model_dir, capsys):
+    rc, err = run_job("gin/runs/congen_cpu.gin", f"MODEL_DIR='{model_dir}'", binding, capsys=capsys)
+    assert (rc, err) == (2, message)
+    assert_untouched(model_dir)
+
+
+@pytest.mark.parametrize("gin_file, binding, message", [
+    ("gin/runs/eval_stsb_dev.gin", "sentemb_jax.evaluate_stsb.batch_size=0",
+     "gin binding sentemb_jax.evaluate_stsb.batch_size = 0: must be an integer >= 1"),
+    ("gin/runs/eval_sts.gin", "sentemb_jax.eval_sts.batch_size=-8",
+     "gin binding sentemb_jax.eval_sts.batch_size = -8: must be an integer >= 1"),
+    ("gin/runs/eval_transfer.gin", "sentemb_jax.eval_transfer.kfold=1",
+     "gin binding sentemb_jax.eval_transfer.kfold = 1: must be an integer >= 2"),
+    ("gin/runs/eval_transfer.gin", "sentemb_jax.eval_transfer.seed=-2",
+     "gin binding sentemb_jax.eval_transfer.seed = -2: must be an integer in [0, 2147483647]"),
+    ("gin/runs/eval_transfer.gin", "sentemb_jax.eval_transfer.tasks=['MR', 'XX']",
+     "gin binding sentemb_jax.eval_transfer.tasks = ['MR', 'XX']: must be a non-empty list of names from "
+     "('MR', 'CR', 'SUBJ', 'MPQA', 'SST2', 'TREC'); unknown: ['XX']"),
+    ("gin/runs/eval_transfer.gin", "sentemb_jax.eval_transfer.tasks=[]",
+     "gin binding sentemb_jax.eval_transfer.tasks = []: must be a non-empty list of names from "
+     "('MR', 'CR', 'SUBJ', 'MPQA', 'SST2', 'TREC')"),
+    ("gin/runs/data_summary.gin", "sentemb_jax.data_summary.batch_size=0",
+     "gin binding sentemb_jax.data_summary.batch_size = 0: must be an integer >= 1"),
+])
+def test_eval_and_data_jobs_numbers_exit_2(gin_file, binding, message, tmp_path, data_dir, capsys):
+    rc, err = run_job(gin_file, f"MODEL_DIR='{tmp_path / 'out'}'", f"DATA_DIR='{data_dir}'", binding, capsys=capsys)
+    assert (rc, err) == (2, message)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_numbers_given_through_the_api_name_the_argument(tmp_path):
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.methods.queue_distill import QueueDistillConfig
+    from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
+    from sentemb_jax.training.trainer import train
+
+    gin.clear_config()
+    cases = [
+        (lambda: train(model_dir=str(tmp_path / "r"), task="nli_triples", num_steps=10, batch_size=0),
+         "sentemb_jax.train(batch_size=0): must be an integer >= 1"),
+        (lambda: train(model_dir=str(tmp_path / "r"), task="nli_triples", num_steps=0),
+         "sentemb_jax.train(num_steps=0): must be an integer >= 1"),
+        (lambda: make_optimizer(learning_rate="abc"),
+         "sentemb_jax.make_optimizer(learning_rate='abc'): must be a finite number > 0 or a schedule "
+         "(e.g. @sentemb_jax.learning_rate_schedule())"),
+        (lambda: make_optimizer(learning_rate=float("nan")),
+         "sentemb_jax.make_optimizer(learning_rate=nan): must be a finite number > 0 or a schedule "
+         "(e.g. @sentemb_jax.learning_rate_schedule())"),
+        (lambda: make_optimizer(learning_rate=True),
+         "sentemb_jax.make_optimizer(learning_rate=True): must be a finite number > 0 or a schedule "
+         "(e.g. @sentemb_jax.learning_rate_schedule())"),
+        (lambda: learning_rate_schedule(peak=float("nan"), total_steps=10),
+         "sentemb_jax.learning_rate_schedule(peak=nan): must be a finite number > 0"),
+        (lambda: learning_rate_schedule(total_steps=None),
+         "sentemb_jax.learning_rate_schedule(total_steps=None): linear decay needs total_steps (an integer >= 1)"),
+        (lambda: QueueDistillConfig(method="sct", queue_size=0),
+         "sentemb_jax.QueueDistillConfig(queue_size=0): must be an integer >= 1"),
+        (lambda: QueueDistillConfig(method="sct", online_temperature=float("inf")),
+         "sentemb_jax.QueueDistillConfig(online_temperature=inf): must be a finite number > 0"),
+        (lambda: SentenceEncoder.encode(SentenceEncoder.__new__(SentenceEncoder), ["a"], batch_size=2.5),
+         "SentenceEncoder.encode: batch_size must be an integer >= 1, got 2.5"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert runner.split_gin_context(str(e.value))[0] == message  # gin adds "In call to configurable" lines
+    assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. run.job must be a reference to a job
+
+
+@pytest.mark.parametrize("binding, message", [
+    ("run.job='evaluate_stsb'", "gin binding run.job = 'evaluate_stsb' is a str, not a job: "
+     "write run.job = @sentemb_jax.evaluate_stsb (a reference to the job, with @)"),
+    ("run.job='sentemb_jax.eval_sts'", "gin binding run.job = 'sentemb_jax.eval_sts' is a str, not a job: "
+     "write run.job = @sentemb_jax.eval_sts (a reference to the job, with @)"),
+    ("run.job='nosuch'", "gin binding run.job = 'nosuch' is a str, not a job: "
+     "write run.job = @sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb (a reference to the job, with @)"),
+    ("run.job=3", "gin binding run.job = 3 is a int, not a job: "
+     "write run.job = @sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb (a reference to the job, with @)"),
+    ("run.job=None", "gin binding run.job = None is a NoneType, not a job: "
+     "write run.job = @sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb (a reference to the job, with @)"),
+    # @job() would run the job while run's arguments are read (then fail on its result): refused first.
+    ("run.job=@sentemb_jax.evaluate_stsb()", "gin binding run.job = @sentemb_jax.evaluate_stsb(): the parentheses "
+     "would run the job while run's arguments are read; write run.job = @sentemb_jax.evaluate_stsb (no parentheses)"),
+])
+def test_a_job_that_is_not_a_reference_exits_2(binding, message, tmp_path, data_dir, capsys):
+    rc, err = run_job("gin/runs/eval_stsb_dev.gin", f"DATA_DIR='{data_dir}'",
+                      f"sentemb_jax.evaluate_stsb.model_dir='{tmp_path / 'out'}'", binding, capsys=capsys)
+    assert (rc, err) == (2, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_job_string_through_a_macro(tmp_path, capsys):
+    cfg = tmp_path / "job.gin"
+    cfg.write_text("JOB = 'eval_sts'\nrun.job = %JOB\n")
+    rc, err = run_job(str(cfg), capsys=capsys)
+    assert (rc, err) == (2, "gin binding run.job = %JOB = 'eval_sts' is a str, not a job: "
+                            "write run.job = @sentemb_jax.eval_sts (a reference to the job, with @)")
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. An undefined score says why (no `nan`)
+
+
+def _stsb_dir(tmp_path, rows):
+    d = tmp_path / "data"
+    (d / "stsb").mkdir(parents=True)
+    lines = ["sentence1\tsentence2\tscore"] + [f"{a}\t{b}\t{s}" for a, b, s in rows]
+    (d / "stsb" / "dev.tsv").write_text("\n".join(lines) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("rows, why", [
+    ([], "correlation undefined: 0 pair(s) to score (an empty split?); it needs at least 2"),
+    ([("a b", "c d", 2.0)], "correlation undefined: 1 pair(s) to score (an empty split?); it needs at least 2"),
+    ([("a", "b", 3.0), ("c", "d", 3.0), ("e", "f", 3.0)],
+     "correlation undefined: every one of the 3 gold scores is 3 (constant gold scores have no ranking to correlate with)"),
+])
+def test_evaluate_stsb_undefined_score_exits_1_before_the_model_loads(rows, why, tmp_path, minilm_dir, capsys):
+    d = _stsb_dir(tmp_path, rows)
+    rc, err = run_job("gin/runs/eval_stsb_dev.gin", f"DATA_DIR='{d}'", f"MODEL_PATH='{minilm_dir}'", capsys=capsys)
+    assert (rc, err) == (1, f"STS-B dev ({d}/stsb/dev.tsv): {why}")
+
+
+class _Constant:
+    def encode(self, sentences, batch_size=64, **kwargs):
+        return np.ones((len(sentences), 4), np.float32)
+
+
+class _NaN:
+    def encode(self, sentences, batch_size=64, **kwargs):
+        return np.full((len(sentences), 4), np.nan, np.float32)
+
+
+def test_constant_or_nan_predictions_say_why():
+    from sentemb_jax.evaluation.pairs import pair_auc
+    from sentemb_jax.evaluation.sts import ScoredPairs, UndefinedScoreError, correlations, evaluate_sts_pairs
+
+    s1, s2, gold = ["a", "b", "c"], ["d", "e", "f"], [1.0, 2.0, 3.0]
+    cases = [
+        (lambda: evaluate_sts_pairs(_Constant(), s1, s2, gold, name="STS-B dev"),
+         "STS-B dev: score undefined: the model gives all 3 pairs the same score (1); constant predictions have no "
+         "ranking (a collapsed model?)"),
+        (lambda: evaluate_sts_pairs(_NaN(), s1, s2, gold, name="STS-B dev"),
+         "STS-B dev: score undefined: 3 of the 3 model scores are NaN / inf (NaN embeddings?)"),
+        (lambda: correlations(np.array([0.1, 0.2]), np.array([1.0, float("nan")]), "x.tsv"),
+         "x.tsv: correlation undefined: 1 gold score(s) are NaN / inf"),
+        (lambda: ScoredPairs("MSRpar", np.array([0.5, 0.5]), np.array([1.0, 2.0])).correlations(),
+         "MSRpar: score undefined: the model gives all 2 pairs the same score (0.5); constant predictions have no "
+         "ranking (a collapsed model?)"),
+        (lambda: pair_auc([0.1, 0.2, 0.3], [1, 1, 1], "mrpc/test.tsv"),
+         "mrpc/test.tsv: AUC undefined: every one of the 3 labels is 1 (it needs both classes, 0 and 1)"),
+        (lambda: pair_auc([], [], "qnli/dev.tsv rows [1000:]"),
+         "qnli/dev.tsv rows [1000:]: AUC undefined: no pairs to score (an empty split?)"),
+        (lambda: pair_auc([0.1, float("nan")], [0, 1], "qqp.tsv"),
+         "qqp.tsv: AUC undefined: 1 of the 2 model scores are NaN / inf (NaN embeddings?)"),
+    ]
+    for call, message in cases:
+        with pytest.raises(UndefinedScoreError) as e:
+            call()
+        assert str(e.value) == message
+        assert "nan" not in str(e.value).replace("NaN", "")
+    # Defined scores are unchanged.
+    assert math.isclose(correlations(np.array([0.1, 0.2, 0.3]), np.array(gold))["spearman"], 100.0)
+    assert pair_auc([0.1, 0.9], [0, 1]) == 100.0
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Paths built from configuration or from files we read stay under their root
+
+
+@pytest.mark.parametrize("split", ["../../etc/passwd", "..", "/etc/passwd", "", "dev/../../x"])
+def test_split_names_stay_under_data_dir(split, tmp_path, data_dir, capsys):
+    rc, err = run_job("gin/runs/eval_stsb_dev.gin", f"DATA_DIR='{data_dir}'", f"sentemb_jax.evaluate_stsb.split={split!r}",
+                      capsys=capsys)
+    assert (rc, err) == (2, f"gin binding sentemb_jax.evaluate_stsb.split = {split!r}: must be a plain name "
+                            f"(no '/' or '..'): it names a file under {data_dir}/stsb")
+
+
+def test_task_names_that_name_files_are_checked(tmp_path, data_dir, capsys):
+    rc, err = run_job("gin/runs/eval_transfer.gin", f"MODEL_DIR='{tmp_path}'", f"DATA_DIR='{data_dir}'",
+                      "sentemb_jax.eval_transfer.tasks=['../../etc/passwd']", capsys=capsys)
+    assert rc == 2 and err.startswith("gin binding sentemb_jax.eval_transfer.tasks = ['../../etc/passwd']: must be a "
+                                      "non-empty list of names from ('MR',"), err
+
+
+@pytest.mark.parametrize("entry", ["../../x.tsv", "nli/../../x.tsv", ["nli/triples.tsv", "../x.tsv"]])
+def test_relative_task_files_stay_under_data_dir(entry, tmp_path, data_dir, capsys):
+    bad = entry[-1] if isinstance(entry, list) else entry
+    rc, err = run_job("gin/runs/minilm_nli.gin", f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_DIR='{data_dir}'",
+                      f"sentemb_jax.data.register_tasks.files={{'nli_triples': {entry!r}}}", capsys=capsys)
+    assert (rc, err) == (2, f"gin binding sentemb_jax.data.register_tasks.files['nli_triples'] = {bad!r}: a relative "
+                            f"path must stay under DATA_DIR {data_dir} (it resolves to "
+                            f"{os.path.normpath(os.path.join(data_dir, bad))}); give an absolute path for a file elsewhere")
+    assert_untouched(str(tmp_path / "run"))
+
+
+def test_absolute_task_files_are_the_users_own(tmp_path, data_dir, capsys):
+    absent = tmp_path / "elsewhere" / "triples.tsv"
+    rc, err = run_job("gin/runs/minilm_nli.gin", f"MODEL_DIR='{tmp_path / 'run'}'", f"DATA_DIR='{data_dir}'",
+                      f"sentemb_jax.data.register_tasks.files={{'nli_triples': '{absent}'}}", capsys=capsys)
+    assert rc == 1 and err.startswith(f"{absent}: no such file"), err  # accepted as a path; only absent
+
+
+def _st_dir(tmp_path, modules):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "modules.json").write_text(json.dumps(modules))
+    return d
+
+
+@pytest.mark.parametrize("entry", ["../../x", "/etc", "1_Pooling/../../x", 3])
+def test_modules_json_entries_stay_in_the_model_directory(entry, tmp_path):
+    from sentemb_jax.checkpoints import CheckpointError
+    from sentemb_jax.encoder import SentenceEncoder
+
+    d = _st_dir(tmp_path, [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                           {"idx": 1, "name": "1", "path": entry, "type": "sentence_transformers.models.Pooling"}])
+    with pytest.raises(CheckpointError) as e:
+        SentenceEncoder.from_pretrained(str(d))
+    assert str(e.value) == (f"{d}/modules.json: module 1 (Pooling) has path {entry!r}, which leaves the model "
+                            f"directory {d}; module paths are relative to it")
+
+
+def test_dense_module_outside_the_model_directory(tmp_path):
+    from sentemb_jax.checkpoints import CheckpointError
+    from sentemb_jax.encoder import SentenceEncoder
+
+    d = _st_dir(tmp_path, [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                           {"idx": 1, "name": "1", "path": "../other/2_Dense", "type": "sentence_transformers.models.Dense"}])
+    with pytest.raises(CheckpointError, match=r"module 1 \(Dense\) has path '../other/2_Dense', which leaves"):
+        SentenceEncoder.from_pretrained(str(d))
+
+
+def test_shard_index_entries_stay_in_the_model_directory(tmp_path):
+    from sentemb_jax.checkpoints import CheckpointError, read_hf_tensors
+
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../secret.safetensors"}}))
+    with pytest.raises(CheckpointError) as e:
+        read_hf_tensors(str(d))
+    assert str(e.value) == (f"{d}/model.safetensors.index.json: weight_map entry '../secret.safetensors' leaves the "
+                            f"model directory {d}")
