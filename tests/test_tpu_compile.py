@@ -4,8 +4,6 @@ match an unscanned compile; the HLO reader on a known module; bad input (unknown
 config that does not fit). Skipped only when libtpu cannot be imported."""
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -167,25 +165,43 @@ def test_make_mesh_megacore_and_slices():
         partitioning.make_mesh(data=1, fsdp=8, devices=two)
 
 
-def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.tpu_compile", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+def test_unknown_topology_exits_2_listing_known_ones(capsys):
+    """The command's entry point (`python -m ...tpu_compile` is `sys.exit(main())`), in-process."""
+    from sentemb_jax.benchmarks import tpu_compile
+
+    assert tpu_compile.main(["--topology", "v9z:3x3", "--gin_file", "gin/st5_base.gin"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown topology 'v9z:3x3'" in err and "v5e:2x2" in err and "v4:2x2x1" in err
 
 
-def test_unknown_topology_exits_2_listing_known_ones():
-    proc = _cli("--topology", "v9z:3x3", "--gin_file", "gin/st5_base.gin")
-    assert proc.returncode == 2
-    assert "unknown topology 'v9z:3x3'" in proc.stderr and "v5e:2x2" in proc.stderr and "v4:2x2x1" in proc.stderr
-
-
-def test_config_that_does_not_fit_prints_shortfall():
+def test_config_that_does_not_fit_prints_shortfall(capsys):
     """The tiny step with a 2M-token vocabulary x 1024 wide, replicated on each v5e chip (16 GiB;
     data parallel), does not fit: the command prints the shortfall per chip and exits 3."""
-    proc = _cli("--topology", "v5e:2x2", "--gin_file", "+".join(TINY), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS],
-                "--gin.sentemb_jax.T5Config.vocab_size=2000000", "--gin.sentemb_jax.T5Config.d_model=1024",
-                "--gin.sentemb_jax.T5Config.num_heads=16")
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "does not fit" in proc.stderr and "short by" in proc.stderr and "GiB per chip" in proc.stderr
+    from sentemb_jax.benchmarks import tpu_compile
+
+    code = tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", "+".join(TINY),
+                             *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS],
+                             "--gin.sentemb_jax.T5Config.vocab_size=2000000", "--gin.sentemb_jax.T5Config.d_model=1024",
+                             "--gin.sentemb_jax.T5Config.num_heads=16"])
+    err = capsys.readouterr().err
+    assert code == 3, err[-2000:]
+    assert "does not fit" in err and "short by" in err and "GiB per chip" in err
+
+
+def test_out_of_memory_messages_give_the_shortfall():
+    from sentemb_jax.benchmarks.tpu_compile import GIB, fmt_row, oom_need
+
+    need = oom_need("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+                    "(16.19G) exceeds available HBM (15.75G).")
+    assert need["at_least"] and need["per_device"] == 16.19 * GIB
+    assert need["shortfall"] == pytest.approx(0.44 * GIB)
+    need = oom_need("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+                    "Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.")
+    assert need == {"per_device": 20.5 * GIB, "shortfall": 4.75 * GIB}
+    row = {"config": "c", "topology": "v5e:2x4", "devices": 8, "mesh": {"data": 1, "fsdp": 8, "model": 1}, "batch": 512,
+           "length": 128, "hbm_per_chip": 16 * GIB, "fits": False, **oom_need("required for HLO temporaries (16.19G) "
+                                                                              "exceeds available HBM (15.75G)")}
+    assert "does not fit: at least 16.19 GiB (HLO temporaries alone) of 15.75 available, short at least 0.44" in fmt_row(row)
 
 
 def test_libtpu_missing_says_how_to_install(monkeypatch, capsys):

@@ -146,10 +146,25 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
 
 
 _OOM = re.compile(r"Used ([\d.]+)([GMK])? of ([\d.]+)([GMK])? hbm\. Exceeded hbm capacity by ([\d.]+)([GMK])?")
+# The other form (temporaries alone exceed what is left): "... the total memory required for HLO
+# temporaries (28.57G) exceeds available HBM (15.75G)." - a lower bound of the need (arguments not counted).
+_OOM_TEMP = re.compile(r"required for HLO temporaries \(([\d.]+)([GMK])?\) exceeds available HBM \(([\d.]+)([GMK])?\)")
 
 
 def _bytes(value: str, unit: str | None) -> float:
     return float(value) * {"G": GIB, "M": 2**20, "K": 2**10, None: 1, "": 1}[unit]
+
+
+def oom_need(text: str) -> dict:
+    """The need per chip and the shortfall from the TPU compiler's out-of-memory message (either form;
+    the temporaries-only form is a lower bound: at_least=True, against the HBM it says is available)."""
+    m, t = _OOM.search(text), _OOM_TEMP.search(text)
+    if m:
+        return {"per_device": _bytes(m.group(1), m.group(2)), "shortfall": _bytes(m.group(5), m.group(6))}
+    if t:
+        need, available = _bytes(t.group(1), t.group(2)), _bytes(t.group(3), t.group(4))
+        return {"per_device": need, "shortfall": need - available, "at_least": True, "hbm_available": available}
+    return {}
 
 
 def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: str | None = None) -> dict:
@@ -171,12 +186,9 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: st
         compiled, seconds = program.compile()
     except Exception as e:  # the TPU compiler's out-of-memory is a JaxRuntimeError (RESOURCE_EXHAUSTED)
         text = str(e)
-        m = _OOM.search(text)
-        if "RESOURCE_EXHAUSTED" not in text and m is None:
+        if "RESOURCE_EXHAUSTED" not in text and _OOM.search(text) is None:
             raise
-        row.update(fits=False, compile_s=time.perf_counter() - started, error=text.splitlines()[0][:400])
-        if m:
-            row.update(per_device=_bytes(m.group(1), m.group(2)), shortfall=_bytes(m.group(5), m.group(6)))
+        row.update(fits=False, compile_s=time.perf_counter() - started, error=text.splitlines()[0][:400], **oom_need(text))
         return row
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -227,8 +239,11 @@ def fmt_row(r: dict) -> str:
     head = (f"| {r['config']} | {r['topology']}{slices} | {r['devices']} | {mesh} | {r['batch']} x {r['length']} | ")
     hbm = r["hbm_per_chip"] / GIB
     if "arguments" not in r:
-        return head + (f"does not fit: {r.get('per_device', float('nan')) / GIB:.2f} GiB of {hbm:.0f}, short "
-                       f"{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip | " + " | " * 8)
+        least = "at least " if r.get("at_least") else ""
+        of = (f"{r['hbm_available'] / GIB:.2f} available" if r.get("hbm_available") else f"{hbm:.0f}")
+        what = " (HLO temporaries alone)" if r.get("at_least") else ""
+        return head + (f"does not fit: {least}{r.get('per_device', float('nan')) / GIB:.2f} GiB{what} of {of}, short "
+                       f"{least}{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip | " + " | " * 8)
     c = r["collective_bytes"]
     p = r["predicted"]
     coll = " / ".join(f"{c[k] / 2**20:.0f}" for k in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
@@ -401,8 +416,10 @@ def main(argv=None) -> int:
     if short and not args.search:
         for r in short:
             mesh = " x ".join(str(r["mesh"].get(k, 1)) for k in ("data", "fsdp", "model"))
-            print(f"does not fit: {r['config']} on {r['topology']} (mesh {mesh}) needs "
-                  f"{r.get('per_device', float('nan')) / GIB:.2f} GiB per chip of {r['hbm_per_chip'] / GIB:.0f}: short by "
+            least = "at least " if r.get("at_least") else ""
+            of = f"{r['hbm_available'] / GIB:.2f} available" if r.get("hbm_available") else f"{r['hbm_per_chip'] / GIB:.0f}"
+            print(f"does not fit: {r['config']} on {r['topology']} (mesh {mesh}) needs {least}"
+                  f"{r.get('per_device', float('nan')) / GIB:.2f} GiB per chip of {of}: short by {least}"
                   f"{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip", file=sys.stderr)
         return 3
     return 0
