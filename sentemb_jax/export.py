@@ -33,6 +33,10 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     ("cpu", "cuda", "tpu") for a model served on accelerators too.
     overwrite: replace a non-empty out_dir (refused otherwise, before any work). The export is
     written to a temporary directory beside it and renamed into place: no mix of two exports."""
+    from sentemb_jax import validation
+
+    validation.require_int(max_length, "sentemb_jax.export_savedmodel", "max_length", 1, allow_none=True,
+                           none_means=" (the model's own)")
     import tensorflow as tf
 
     if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:

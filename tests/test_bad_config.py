@@ -163,6 +163,37 @@ def test_eval_and_data_jobs_numbers_exit_2(gin_file, binding, message, tmp_path,
     assert not (tmp_path / "out" / "results.json").exists()
 
 
+@pytest.mark.parametrize("gin_file, binding, message", [
+    ("gin/runs/minilm_nli.gin", "sentemb_jax.data.register_tasks.on_bad_row='ignore'",
+     "gin binding sentemb_jax.data.register_tasks.on_bad_row = 'ignore': must be one of ('error', 'skip')"),
+    ("gin/runs/congen_cpu.gin", "sentemb_jax.data.register_tasks.augment_rate=1.5",
+     "gin binding sentemb_jax.data.register_tasks.augment_rate = 1.5: must be a number in [0, 1)"),
+    ("gin/runs/minilm_nli.gin", "sentemb_jax.data.register_tasks.sts_score_range=(5.0, 0.0)",
+     "gin binding sentemb_jax.data.register_tasks.sts_score_range = (5.0, 0.0): must be (low, high), two finite "
+     "numbers with low < high"),
+    ("gin/runs/default.gin", "sentemb_jax.distill_report.student_layers=0",
+     "gin binding sentemb_jax.distill_report.student_layers = %STUDENT_LAYERS = 0: must be an integer >= 1"),
+    ("gin/runs/ensemble_distill_cpu.gin", "sentemb_jax.ensemble_distill.weight_temperature=0.0",
+     "gin binding sentemb_jax.ensemble_distill.weight_temperature = 0.0: must be a finite number > 0"),
+    ("gin/runs/ensemble_distill_cpu.gin", "sentemb_jax.ensemble_distill.weighting='max'",
+     "gin binding sentemb_jax.ensemble_distill.weighting = 'max': must be one of ('uniform', 'softmax')"),
+])
+def test_data_and_pipeline_job_numbers_exit_2(gin_file, binding, message, model_dir, data_dir, capsys):
+    extra = ["STUDENT_LAYERS=0"] if "student_layers" in binding else [binding]
+    rc, err = run_job(gin_file, f"MODEL_DIR='{model_dir}'", f"DATA_DIR='{data_dir}'", *extra, capsys=capsys)
+    assert (rc, err) == (2, message)
+    assert_untouched(model_dir)
+
+
+def test_export_max_length_exit_2(tmp_path, minilm_dir, capsys):
+    out = tmp_path / "export"
+    rc, err = run_job("gin/runs/export_savedmodel.gin", f"MODEL_PATH='{minilm_dir}'", f"EXPORT_DIR='{out}'",
+                      "sentemb_jax.export_savedmodel.max_length=0", capsys=capsys)
+    assert (rc, err) == (2, "gin binding sentemb_jax.export_savedmodel.max_length = 0: must be None (the model's own) "
+                            "or an integer >= 1")
+    assert not out.exists()
+
+
 def test_numbers_given_through_the_api_name_the_argument(tmp_path):
     from sentemb_jax.encoder import SentenceEncoder
     from sentemb_jax.methods.queue_distill import QueueDistillConfig

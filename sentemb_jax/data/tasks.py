@@ -293,6 +293,15 @@ def register_tasks(
 
     Row validation happens when a split is first read.
     """
+    from sentemb_jax import validation as v
+
+    sel = "sentemb_jax.data.register_tasks"
+    v.require_choice(on_bad_row, ("error", "skip"), sel, "on_bad_row")
+    v.require_number(augment_rate, sel, "augment_rate", 0, 1, high_open=True)
+    low_high = tuple(sts_score_range) if isinstance(sts_score_range, (tuple, list)) else ()
+    if len(low_high) != 2 or not all(v._is_real(x) and x == x and abs(x) != float("inf") for x in low_high) \
+            or not low_high[0] < low_high[1]:
+        v.fail(sts_score_range, sel, "sts_score_range", "must be (low, high), two finite numbers with low < high")
     files = dict(files or {})
     unknown = sorted(set(files) - set(DEFAULT_FILES))
     if unknown:

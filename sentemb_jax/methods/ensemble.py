@@ -127,6 +127,12 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
 
     if student_init not in STUDENT_INITS:
         raise ValueError(f"ensemble_distill.student_init {student_init!r}: choose from {STUDENT_INITS}")
+    from sentemb_jax import validation
+
+    sel = "sentemb_jax.ensemble_distill"
+    validation.require_choice(weighting, WEIGHTINGS, sel, "weighting")
+    validation.require_number(weight_temperature, sel, "weight_temperature", 0, low_open=True)
+    validation.require_int(student_layers, sel, "student_layers", 1, allow_none=True, none_means=" (every layer)")
     data_dir = data_dir or default_data_dir()
     _check_inputs(model_dir, submodels, student, distill, data_dir, teacher)
     os.makedirs(model_dir, exist_ok=True)

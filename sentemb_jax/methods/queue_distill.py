@@ -455,7 +455,9 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
 
     from sentemb_jax import preflight
     from sentemb_jax.evaluation.jobs import check_inputs, sts_inputs
+    from sentemb_jax.validation import require_int
 
+    require_int(student_layers, "sentemb_jax.distill_report", "student_layers", 1)
     data_dir = data_dir or default_data_dir()
     student_dir = os.path.join(model_dir, "student")
     # Before any work: the teacher, DATA_DIR, a SICK-R test file given by path, some STS task to
