@@ -131,6 +131,22 @@ def test_hlo_reader_on_a_known_module():
     assert hlo.group_size("replica_groups={{0,1,2},{3,4,5}}", 8) == 3
 
 
+def test_loop_stepping_by_two_and_a_collective_in_two_places():
+    """The TPU compiler's windowed einsums step their counter by 2 (`i < 8` is 4 trips, not 8), and
+    its async collective fusions repeat one all-gather (one channel_id) inside such a loop: it
+    moves its bytes once, where it runs least often."""
+    from sentemb_jax.benchmarks import hlo
+
+    text = (KNOWN_HLO.replace("%n = s32[] constant(6)", "%n = s32[] constant(8)")
+            .replace("%one = s32[] constant(1)", "%one = s32[] constant(2)")
+            .replace("%cp = f32[8,16]{1,0} collective-permute(%a), channel_id=3, source_target_pairs={{0,1},{1,0}}",
+                     "%cp = f32[32,16]{1,0} all-gather(%a), channel_id=1, replica_groups=[1,4]<=[4], dimensions={0}"))
+    s = hlo.analyze(text, devices=4)
+    assert s.trip_counts == {"body": 4}
+    assert s.matmul_flops == 4 * 2 * 8 * 16 * 16
+    assert s.collective_counts["all-gather"] == 1 and s.collective_bytes["all-gather"] == pytest.approx(0.75 * 2048)
+
+
 def test_matmul_breakdown_names_each_dot_with_its_trip_count():
     from sentemb_jax.benchmarks import hlo
 

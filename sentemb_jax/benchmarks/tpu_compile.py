@@ -202,7 +202,20 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: st
         with open(row["hlo_file"], "w") as f:
             f.write(text)
     per_device = mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-    flops_reported = float(cost.get("flops", 0.0))
+    row.update(
+        fits=per_device <= chip.hbm_bytes, compile_s=seconds, arguments=mem.argument_size_in_bytes,
+        temporaries=mem.temp_size_in_bytes, outputs_not_aliased=mem.output_size_in_bytes - mem.alias_size_in_bytes,
+        per_device=per_device, shortfall=max(0.0, per_device - chip.hbm_bytes),
+        flops_reported=float(cost.get("flops", 0.0)), bytes_reported=float(cost.get("bytes accessed", 0.0)),
+        model_flops_per_chip=program.model_flops / devices, examples=program.examples)
+    derive(row, stats, chip)
+    return row
+
+
+def derive(row: dict, stats, chip: Chip) -> dict:
+    """FLOPs, collectives and the roofline prediction of a row from its HLO statistics (also for
+    `--reanalyze`: rows re-derived from the HLO files --hlo_dir kept)."""
+    flops_reported, chips = row["flops_reported"], row["devices"]
     # cost_analysis counts each loop body once. Matmuls: counted per iteration from the HLO; the
     # rest (elementwise, reductions) scaled by the matmuls' loop factor (an upper estimate: some of
     # it is outside the loops). Tiny T5, scan_layers=True vs an unscanned compile: +2%.
@@ -210,27 +223,37 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: st
     flops = stats.matmul_flops + max(0.0, flops_reported - stats.matmul_flops_once) * loop_factor
     # Bytes accessed as reported: on the tiny T5 the scanned compile's figure was within 15% of the
     # unscanned one (the loop reads its stacked weights and activations as whole arrays already).
-    bytes_accessed = bytes_reported = float(cost.get("bytes accessed", 0.0))
+    bytes_accessed = row["bytes_reported"]
     collective = sum(stats.collective_bytes.values())
-    chips = devices
     compute_s, hbm_s = flops / chip.peak_bf16, bytes_accessed / chip.hbm_bw
     ici_s = collective / chip.ici_bw
     step_s = max(compute_s, hbm_s) + ici_s
-    model_flops = program.model_flops
+    model_flops = row["model_flops_per_chip"] * chips
     row.update(
-        fits=per_device <= chip.hbm_bytes, compile_s=seconds, arguments=mem.argument_size_in_bytes,
-        temporaries=mem.temp_size_in_bytes, outputs_not_aliased=mem.output_size_in_bytes - mem.alias_size_in_bytes,
-        per_device=per_device, shortfall=max(0.0, per_device - chip.hbm_bytes),
-        flops_reported=flops_reported, flops=flops, matmul_flops=stats.matmul_flops,
-        matmul_flops_once=stats.matmul_flops_once, loop_trip_counts=sorted(set(stats.trip_counts.values())),
-        model_flops_per_chip=model_flops / chips, bytes_reported=bytes_reported, bytes_accessed=bytes_accessed,
+        flops=flops, matmul_flops=stats.matmul_flops, matmul_flops_once=stats.matmul_flops_once,
+        loop_trip_counts=sorted(set(stats.trip_counts.values())), bytes_accessed=bytes_accessed,
         collective_bytes=stats.collective_bytes, collective_counts=stats.collective_counts,
         largest_all_gather=stats.largest_all_gather,
         predicted={"compute_s": compute_s, "hbm_s": hbm_s, "ici_s": ici_s, "step_s": step_s,
                    "mfu": model_flops / (step_s * chips * chip.peak_bf16),
-                   "examples_per_s": program.examples / step_s, "bound": "compute" if compute_s >= hbm_s else "HBM",
-                   "note": PREDICTED})
+                   "examples_per_s": row.get("examples", row["batch"]) / step_s,
+                   "bound": "compute" if compute_s >= hbm_s else "HBM", "note": PREDICTED})
     return row
+
+
+def reanalyze(rows: list[dict]) -> list[dict]:
+    """Rows of an earlier --json whose compiled HLO was kept (--hlo_dir), re-derived with this
+    version's HLO reader (no recompile); rows without an HLO file are returned as they were."""
+    from sentemb_jax.benchmarks import hlo
+
+    for row in rows:
+        if row.get("hlo_file") and "flops_reported" in row and os.path.exists(row["hlo_file"]):
+            with open(row["hlo_file"]) as f:
+                derive(row, hlo.analyze(f.read(), row["devices"]), chip_of(row["topology"]))
+            row["reanalyzed"] = True
+        elif not row.get("fits", True) and row.get("error") and "shortfall" not in row:
+            row.update(oom_need(row["error"]))
+    return rows
 
 
 def fmt_row(r: dict) -> str:
@@ -344,6 +367,9 @@ def main(argv=None) -> int:
                         help="smallest v4 and v5e slice (or --topology list) where a mesh of the grid fits, and its fastest mesh")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--hlo_dir", default=None, help="also write each compiled HLO module's text here")
+    parser.add_argument("--reanalyze", action="append", default=[],
+                        help="a --json file of earlier rows: re-derive FLOPs / collectives / step from their kept "
+                             "HLO files (no compile) and print the table (with --json: write them there)")
     args, rest = parser.parse_known_args(argv)
     bindings = []
     for arg in rest:
@@ -352,6 +378,18 @@ def main(argv=None) -> int:
             bindings.append(f"{key} = {value}")
         else:
             parser.error(f"unrecognised argument {arg!r} (bindings are --gin.KEY=VALUE)")
+    if args.reanalyze:
+        rows = []
+        for path in args.reanalyze:
+            with open(path) as f:
+                rows += reanalyze(json.load(f))
+        print(HEADER)
+        for r in rows:
+            print(fmt_row(r))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1, default=str)
+        return 0
     if not args.gin_file:
         parser.error("give at least one --gin_file")
     if not args.topology and not args.search:
