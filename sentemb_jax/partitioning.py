@@ -49,13 +49,22 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[j
     Multislice over DCN): the `data` axis spans the slices - each slice holds data / num_slices
     of it, fsdp and model stay within a slice on ICI (create_hybrid_device_mesh).
     """
+    from sentemb_jax import validation as v
+
+    sel = "sentemb_jax.make_mesh"
+    if data != -1 and not (v._is_int(data) and data >= 1):
+        v.fail(data, sel, "data", "must be -1 (the devices left over) or an integer >= 1")
+    v.require_int(fsdp, sel, "fsdp", 1)
+    v.require_int(model, sel, "model", 1)
     devices = list(devices if devices is not None else jax.devices())
     if data == -1:
         if len(devices) % (fsdp * model):
-            raise ValueError(f"{len(devices)} devices cannot be split into fsdp={fsdp} x model={model}")
+            raise v.ConfigError(f"{len(devices)} devices cannot be split into fsdp={fsdp} x model={model} "
+                                f"({v.describe(fsdp, sel, 'fsdp')}, {v.describe(model, sel, 'model')})")
         data = len(devices) // (fsdp * model)
     if data * fsdp * model != len(devices):
-        raise ValueError(f"mesh data={data} x fsdp={fsdp} x model={model} != {len(devices)} devices")
+        raise v.ConfigError(f"mesh data={data} x fsdp={fsdp} x model={model} != {len(devices)} devices "
+                            f"({v.describe(data, sel, 'data')}; data=-1 takes the devices left over)")
     auto = (jax.sharding.AxisType.Auto,) * 3  # t5x-style propagation needs Auto axes
     _check_one_device_per_chip(devices)
     slices = num_slices(devices)

@@ -209,9 +209,35 @@ def check_train_config(args: dict) -> None:
     contrastive = a("contrastive")
     if contrastive is not None and a("distill") is None:
         check_contrastive(contrastive)
+    check_positions(a("sequence_length"), a("init_from"), TRAIN, "sequence_length")
+    from sentemb_jax.partitioning import make_mesh
     from sentemb_jax.training.optimizers import make_optimizer
 
     make_optimizer()  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
+    make_mesh()  # its axis sizes against the devices, likewise
+
+
+def check_positions(length, model_dir, selector: str, param: str) -> None:
+    """A length past the position table of a BERT-family `model_dir` (read from its config.json
+    only; nothing loaded) is refused: those tokens would get NaN embeddings. T5: no table."""
+    if not model_dir or not isinstance(model_dir, str) or "://" in model_dir or not os.path.isdir(model_dir):
+        return  # a missing directory is reported by the preflight checks
+    import json
+
+    from sentemb_jax.encoder import transformer_dir_of
+
+    try:
+        with open(os.path.join(transformer_dir_of(model_dir), "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        positions = int(cfg["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no table (T5) or an unreadable config: reported when the model loads
+    if str(cfg.get("model_type", "")).startswith("t5"):
+        return
+    limit = positions - (int(cfg.get("pad_token_id", 1)) + 1 if cfg.get("model_type") == "roberta" else 0)
+    if _is_int(length) and length > limit:
+        fail(length, selector, param, f"must be an integer in [2, {limit}]: {model_dir} has {limit} positions "
+             "(longer texts would get NaN embeddings)")
 
 
 def check_contrastive(cfg) -> None:

@@ -88,6 +88,12 @@ TRAIN_CASES = [
      "'cosine': must be one of ('linear', 'constant')"),
     ("sentemb_jax.learning_rate_schedule.warmup_fraction=1.5", "gin binding sentemb_jax.learning_rate_schedule."
      "warmup_fraction = 1.5: must be None or a number in [0, 1)"),
+    ("sentemb_jax.train.sequence_length=1024", f"{T}.sequence_length = 1024: must be an integer in [2, 512]: "),
+    ("sentemb_jax.make_mesh.fsdp=0", "gin binding sentemb_jax.make_mesh.fsdp = 0: must be an integer >= 1"),
+    ("sentemb_jax.make_mesh.data=0", "gin binding sentemb_jax.make_mesh.data = 0: must be -1 (the devices left over) "
+     "or an integer >= 1"),
+    ("sentemb_jax.make_mesh.data=64", "mesh data=64 x fsdp=1 x model=1 != 1 devices (gin binding "
+     "sentemb_jax.make_mesh.data = 64; data=-1 takes the devices left over)"),
     ("sentemb_jax.ContrastiveConfig.temperature=0.0", "gin binding sentemb_jax.ContrastiveConfig.temperature = 0.0: "
      "must be a finite number > 0"),
     ("sentemb_jax.ContrastiveConfig.temperature=-0.05", "gin binding sentemb_jax.ContrastiveConfig.temperature = -0.05: "
