@@ -191,6 +191,30 @@ def test_data_and_pipeline_job_numbers_exit_2(gin_file, binding, message, model_
     assert_untouched(model_dir)
 
 
+@pytest.mark.parametrize("binding, message", [
+    ("bi_to_cross/sentemb_jax.DistillPhase.batch_size=0",
+     "gin binding bi_to_cross/sentemb_jax.DistillPhase.batch_size = 0: must be an integer >= 1"),
+    ("cross_to_bi/sentemb_jax.DistillPhase.learning_rate=-5e-05",
+     "gin binding cross_to_bi/sentemb_jax.DistillPhase.learning_rate = -5e-05: must be a finite number > 0"),
+    ("sentemb_jax.trans_encoder.cycles=0", "gin binding sentemb_jax.trans_encoder.cycles = 0: must be an integer >= 1"),
+])
+def test_trans_encoder_numbers_exit_2(binding, message, model_dir, data_dir, capsys):
+    rc, err = run_job("gin/runs/trans_encoder_sts_cpu.gin", f"MODEL_DIR='{model_dir}'", f"DATA_DIR='{data_dir}'",
+                      binding, capsys=capsys)
+    assert (rc, err) == (2, message)
+    assert_untouched(model_dir)
+
+
+def test_trans_encoder_relative_pair_files_stay_under_data_dir(model_dir, data_dir, capsys):
+    rc, err = run_job("gin/runs/trans_encoder_sts_cpu.gin", f"MODEL_DIR='{model_dir}'", f"DATA_DIR='{data_dir}'",
+                      "sentemb_jax.trans_encoder.pair_files=['stsb/train.tsv', '../../etc/passwd']", capsys=capsys)
+    assert (rc, err) == (2, f"gin binding sentemb_jax.trans_encoder.pair_files = '../../etc/passwd': a relative path "
+                            f"must stay under data_dir {data_dir} (it resolves to "
+                            f"{os.path.normpath(os.path.join(data_dir, '../../etc/passwd'))}); give an absolute path "
+                            "for a file elsewhere")
+    assert_untouched(model_dir)
+
+
 def test_export_max_length_exit_2(tmp_path, minilm_dir, capsys):
     out = tmp_path / "export"
     rc, err = run_job("gin/runs/export_savedmodel.gin", f"MODEL_PATH='{minilm_dir}'", f"EXPORT_DIR='{out}'",

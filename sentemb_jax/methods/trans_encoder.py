@@ -191,6 +191,20 @@ class DistillPhase:
     relabel: str = "none"  # transform of the pseudo-labels this phase learns (see `relabel`)
 
 
+def _check_phase(ph: DistillPhase, param: str) -> None:
+    """A DistillPhase's numbers (ConfigError naming `<scope>/sentemb_jax.DistillPhase.<field>`)."""
+    from sentemb_jax import validation as v
+
+    sel = f"{param}/sentemb_jax.DistillPhase"
+    api = "sentemb_jax.DistillPhase"
+    v.require_number(ph.learning_rate, sel, "learning_rate", 0, low_open=True, api=api)
+    v.require_int(ph.batch_size, sel, "batch_size", 1, api=api)
+    v.require_int(ph.epochs, sel, "epochs", 1, api=api)
+    v.require_int(ph.max_length, sel, "max_length", 2, api=api)
+    v.require_number(ph.warmup_ratio, sel, "warmup_ratio", 0, 1, high_open=True, api=api)
+    v.require_number(ph.weight_decay, sel, "weight_decay", 0, api=api)
+
+
 def bi_to_cross_defaults() -> DistillPhase:
     return DistillPhase()
 
@@ -368,12 +382,28 @@ def trans_encoder(
     for ph in (bi_to_cross, cross_to_bi):
         relabel(np.zeros(2), ph.relabel)  # fail on a bad mode before any training
     mutual = len(bi_encoders) > 1 if mutual is None else mutual
+    from sentemb_jax import validation as v
+
+    sel = "sentemb_jax.trans_encoder"
+    v.require_int(cycles, sel, "cycles", 1)
+    v.require_int(checkpoint_every, sel, "checkpoint_every", 1)
+    v.check_seed(seed, sel)
+    for param, ph in (("bi_to_cross", bi_to_cross), ("cross_to_bi", cross_to_bi)):
+        _check_phase(ph, param)
     data_dir = data_dir or default_data_dir()
-    under = lambda path: os.path.join(data_dir, path)  # noqa: E731 (absolute paths stay as they are)
-    dev = dataclasses.replace(dev, path=under(dev.path))
-    report = [dataclasses.replace(ev, path=under(ev.path)) for ev in report]
-    _check_inputs(data_dir, bi_encoders, cross_encoders, [under(p) for p in pair_files], dev, report)
-    pairs = read_unlabelled_pairs([under(p) for p in pair_files])
+
+    def under(path: str, what: str) -> str:  # absolute paths stay as they are; relative ones stay under data_dir
+        if isinstance(path, str) and not os.path.isabs(path) and not v.is_under(path, data_dir):
+            raise v.ConfigError(f"gin binding {sel}.{what} = {path!r}: a relative path must stay under data_dir "
+                                f"{os.path.normpath(data_dir)} (it resolves to {os.path.normpath(os.path.join(data_dir, path))}); "
+                                "give an absolute path for a file elsewhere")
+        return os.path.join(data_dir, path)
+
+    pair_files = [under(p, "pair_files") for p in pair_files]
+    dev = dataclasses.replace(dev, path=under(dev.path, "dev"))
+    report = [dataclasses.replace(ev, path=under(ev.path, "report")) for ev in report]
+    _check_inputs(data_dir, bi_encoders, cross_encoders, pair_files, dev, report)
+    pairs = read_unlabelled_pairs(pair_files)
     swapped = [(b, a) for a, b in pairs]
     both_orders = pairs + swapped
     s1, s2 = [p[0] for p in pairs], [p[1] for p in pairs]
