@@ -357,10 +357,11 @@ def train(
                 if evaluator and (step % eval_every == 0 or last):
                     score = evaluator(state.params["tower"])
                     metrics = {**metrics, "step": step, "train_seconds": train_seconds, "stsb_dev_spearman": score}
-                    if best is None or score > best["stsb_dev_spearman"]:
+                    if not math.isnan(score) and (best is None or score > best["stsb_dev_spearman"]):
                         best = {"step": step, "stsb_dev_spearman": score}
                         best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-                    bar.write(f"step {step}: STS-B dev spearman {score:.2f} (best {best['stsb_dev_spearman']:.2f} at {best['step']})")
+                    bar.write(f"step {step}: STS-B dev spearman {score:.2f}"
+                              + (f" (best {best['stsb_dev_spearman']:.2f} at {best['step']})" if best else ""))
                 if metrics.get("step") == step:
                     _write_metrics(writer, step, metrics, history_path)
                 def save_checkpoint():
@@ -463,8 +464,16 @@ class _StsDevEvaluator:
         self.s1, self.s2, self.gold = read_sts_pairs(os.path.join(data_dir, "stsb", "dev.tsv"), score_range=(0, 5))
 
     def __call__(self, tower_params) -> float:
+        """Spearman x 100; NaN, with a warning saying why, when the model gives no ranking (a
+        collapsed model: every pair the same score) - a long run goes on and keeps its best."""
+        from sentemb_jax.evaluation.sts import UndefinedScoreError
+
         self.encoder.params = host_params(tower_params)
-        return evaluate_sts_pairs(self.encoder, self.s1, self.s2, self.gold)["spearman"]
+        try:
+            return evaluate_sts_pairs(self.encoder, self.s1, self.s2, self.gold)["spearman"]
+        except UndefinedScoreError as e:
+            log.warning("%s", e)
+            return float("nan")
 
 
 def host_params(tree):
