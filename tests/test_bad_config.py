@@ -65,11 +65,11 @@ TRAIN_CASES = [
     ("sentemb_jax.train.task=''", f"{T}.task = '': must be a task name (a string, e.g. 'nli_triples')"),
     # The optimizer gin configures for the run: checked at the start too, not after the model loads.
     ("sentemb_jax.make_optimizer.learning_rate='abc'", "gin binding sentemb_jax.make_optimizer.learning_rate = 'abc': "
-     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+     "must be a finite number >= 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
     ("sentemb_jax.make_optimizer.learning_rate=-0.001", "gin binding sentemb_jax.make_optimizer.learning_rate = -0.001: "
-     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+     "must be a finite number >= 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
     ("sentemb_jax.make_optimizer.learning_rate=1e999", "gin binding sentemb_jax.make_optimizer.learning_rate = inf: "
-     "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
+     "must be a finite number >= 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())"),
     ("sentemb_jax.make_optimizer.name='sgd'", "gin binding sentemb_jax.make_optimizer.name = 'sgd': "
      "must be one of ('adafactor', 'adamw')"),
     ("sentemb_jax.make_optimizer.clip_norm=0", "gin binding sentemb_jax.make_optimizer.clip_norm = 0: "
@@ -237,13 +237,13 @@ def test_numbers_given_through_the_api_name_the_argument(tmp_path):
         (lambda: train(model_dir=str(tmp_path / "r"), task="nli_triples", num_steps=0),
          "sentemb_jax.train(num_steps=0): must be an integer >= 1"),
         (lambda: make_optimizer(learning_rate="abc"),
-         "sentemb_jax.make_optimizer(learning_rate='abc'): must be a finite number > 0 or a schedule "
+         "sentemb_jax.make_optimizer(learning_rate='abc'): must be a finite number >= 0 or a schedule "
          "(e.g. @sentemb_jax.learning_rate_schedule())"),
         (lambda: make_optimizer(learning_rate=float("nan")),
-         "sentemb_jax.make_optimizer(learning_rate=nan): must be a finite number > 0 or a schedule "
+         "sentemb_jax.make_optimizer(learning_rate=nan): must be a finite number >= 0 or a schedule "
          "(e.g. @sentemb_jax.learning_rate_schedule())"),
         (lambda: make_optimizer(learning_rate=True),
-         "sentemb_jax.make_optimizer(learning_rate=True): must be a finite number > 0 or a schedule "
+         "sentemb_jax.make_optimizer(learning_rate=True): must be a finite number >= 0 or a schedule "
          "(e.g. @sentemb_jax.learning_rate_schedule())"),
         (lambda: learning_rate_schedule(peak=float("nan"), total_steps=10),
          "sentemb_jax.learning_rate_schedule(peak=nan): must be a finite number > 0"),

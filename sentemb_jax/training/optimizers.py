@@ -45,14 +45,15 @@ def make_optimizer(name: str = "adafactor", learning_rate: optax.ScalarOrSchedul
     """Adafactor with t5x defaults (factored second moments, decay rate 0.8) or AdamW.
 
     Global-norm clipping (`clip_norm`) runs first; None disables it.
-    learning_rate: a finite number > 0, or a schedule (`@sentemb_jax.learning_rate_schedule()`).
+    learning_rate: a finite number >= 0 (0 freezes the parameters: a stage that only restores), or a
+      schedule (`@sentemb_jax.learning_rate_schedule()`).
     Each value is checked (ConfigError naming its gin binding or argument and the allowed range).
     """
     sel = "sentemb_jax.make_optimizer"
     v.require_choice(name, ("adafactor", "adamw"), sel, "name")
-    if not callable(learning_rate) and not (v._is_real(learning_rate) and 0 < learning_rate < float("inf")):
+    if not callable(learning_rate) and not (v._is_real(learning_rate) and 0 <= learning_rate < float("inf")):
         v.fail(learning_rate, sel, "learning_rate",
-               "must be a finite number > 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())")
+               "must be a finite number >= 0 or a schedule (e.g. @sentemb_jax.learning_rate_schedule())")
     v.require_number(clip_norm, sel, "clip_norm", 0, low_open=True, allow_none=True, none_means=" (no clipping)")
     v.require_number(weight_decay, sel, "weight_decay", 0)
     v.require_number(adafactor_decay_rate, sel, "adafactor_decay_rate", 0, 1, low_open=True)
