@@ -13,8 +13,9 @@ runtimes (TensorFlow / XLA / libtpu start-up lines) go to the log file only, unl
 The log file holds every record at INFO (DEBUG with verbosity 2), the native stderr, the gin
 context of an error and the traceback of an unexpected one. It is `MODEL_DIR/run.log` when the
 job has a MODEL_DIR (appended; each invocation starts with a header line), otherwise
-`~/.cache/sentemb_jax/logs/<time>-<pid>.log`; the job starts writing to the latter and moves to
-MODEL_DIR once the gin configuration names it.
+`~/.cache/sentemb_jax/logs/<time>-<pid>.log`. The job starts writing to the latter and moves the
+log into MODEL_DIR once that exists (at once for a resumed run; for a new one when the job has
+created it, after its checks): a start refused before that leaves no MODEL_DIR behind.
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ class Console:
         self._redirected = False
         self._temporary = False
         self._saved_showwarning = None
+        self._pending: tuple[str, int] | None = None
 
     # -- set-up --------------------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class Console:
         root.setLevel(logging.DEBUG if self.verbosity >= 2 else logging.INFO)
         stream = (lambda: self._console_stream) if self._redirected else (lambda: sys.stderr)
         self._console_handler = _ConsoleHandler(self.verbosity, stream)
+        self._console_handler.addFilter(self._settle_filter)  # a new MODEL_DIR gets the log once it exists
         root.addHandler(self._console_handler)
         root.addHandler(self._file_handler)
         self._saved_showwarning = warnings.showwarning
@@ -147,11 +150,26 @@ class Console:
         self._redirected = True
 
     def use_model_dir(self, model_dir: str | None, process_index: int = 0) -> None:
-        """Move the log into MODEL_DIR (local directories; a bucket keeps the local file)."""
+        """Move the log into MODEL_DIR now if it exists (a resumed run), else once the job has
+        created it (`settle`): a start refused before that creates no MODEL_DIR. Local
+        directories only; a bucket keeps the local file."""
         if not model_dir or "://" in model_dir or not self._temporary:
             return
+        self._pending = (model_dir, process_index)
+        self.settle()
+
+    def _settle_filter(self, record: logging.LogRecord) -> bool:
+        if self._pending is not None:
+            self.settle()
+        return True
+
+    def settle(self) -> None:
+        """Move the log into the pending MODEL_DIR if the job has created it by now."""
+        if self._pending is None or not os.path.isdir(self._pending[0]):
+            return
+        model_dir, process_index = self._pending
+        self._pending = None
         try:
-            os.makedirs(model_dir, exist_ok=True)
             target = os.path.join(model_dir, LOG_NAME if process_index == 0 else f"run.process{process_index}.log")
             self._file.flush()
             with open(self.log_path, encoding="utf-8", errors="replace") as f:
@@ -193,6 +211,7 @@ class Console:
         """Remove the handlers (so main() can run again in the same process). In a command-line
         process the native stderr stays in the log file until exit: nothing a runtime prints at
         shutdown lands after the job's last line."""
+        self.settle()
         root = logging.getLogger()
         for h in (self._console_handler, self._file_handler):
             if h is not None:

@@ -11,6 +11,7 @@ import argparse
 import os
 import re
 import sys
+import threading
 import tokenize
 import traceback
 import types
@@ -189,6 +190,7 @@ def _run_job(argv: list[str], console) -> int:
         else:
             console.log_only("\n".join(context))
         if code != 2:
+            console.settle()  # the log is in MODEL_DIR if the job got as far as creating it
             console.say(f"log: {console.log_path}")
         console.say(f"error: {prefix}{message}")
         return code
@@ -250,5 +252,15 @@ def _process_index() -> int:
     return jax.process_index()
 
 
+def _exit_within(seconds: float, code: int) -> None:
+    """A runtime thread that blocks interpreter shutdown must not keep a finished job alive: exit
+    anyway `seconds` after main() returned (normal shutdown, atexit handlers included, first)."""
+    timer = threading.Timer(seconds, os._exit, args=(code,))
+    timer.daemon = True
+    timer.start()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    _exit_within(30.0, exit_code)
+    sys.exit(exit_code)

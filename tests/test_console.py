@@ -53,10 +53,17 @@ def test_error_is_the_last_line_and_gin_context_goes_to_the_log(t5_dir, tmp_path
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith(f"error: {missing}: no such model directory"), proc.stderr[-3000:]
-    assert lines[-2] == f"log: {run}/run.log"
+    assert lines[-2].startswith("log: ") and lines[-2].endswith(".log")
     assert not [n for n in NOISE if n in proc.stdout + proc.stderr], proc.stderr[-3000:]
-    log = (run / "run.log").read_text()
+    assert not run.exists()  # refused before any work: no MODEL_DIR created, the log kept beside the cache
+    log = open(lines[-2][len("log: "):]).read()
     assert "In call to configurable 'train'" in log and "Traceback (most recent call last)" in log
+
+    # An existing run's directory gets the log of a refused attempt appended (nothing else).
+    run.mkdir()
+    proc = _job(missing, run, data_dir)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-2] == f"log: {run}/run.log"
+    assert os.listdir(run) == ["run.log"] and "In call to configurable 'train'" in (run / "run.log").read_text()
 
 
 def test_bad_configuration_exit_2_error_last(tmp_path, capsys):
