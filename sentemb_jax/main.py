@@ -41,6 +41,18 @@ def register_configurables() -> None:
     import sentemb_jax.training.trainer  # noqa: F401
 
 
+def gin_bindings(args: list[str]) -> tuple[list[str], list[str]]:
+    """`--gin.KEY=VALUE` arguments as gin binding lines `KEY = VALUE`, and the arguments that are not."""
+    bindings, unknown = [], []
+    for arg in args:
+        if arg.startswith("--gin.") and "=" in arg:
+            key, value = arg[len("--gin."):].split("=", 1)
+            bindings.append(f"{key} = {value}")
+        else:
+            unknown.append(arg)
+    return bindings, unknown
+
+
 def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     parser = argparse.ArgumentParser(prog="sentemb_jax.main", usage=USAGE)
     parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
@@ -48,13 +60,9 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     parser.add_argument("--verbosity", default="0", help="0: our lines only (default); 1: + library warnings; "
                         "2: + library INFO. Everything goes to the log file (MODEL_DIR/run.log)")
     args, rest = parser.parse_known_args(argv)
-    bindings = []
-    for arg in rest:
-        if arg.startswith("--gin.") and "=" in arg:
-            key, value = arg[len("--gin."):].split("=", 1)
-            bindings.append(f"{key} = {value}")
-        else:
-            raise UsageError(f"unrecognised argument {arg!r} (bindings are --gin.KEY=VALUE)\nusage: {USAGE}")
+    bindings, unknown = gin_bindings(rest)
+    if unknown:
+        raise UsageError(f"unrecognised argument {unknown[0]!r} (bindings are --gin.KEY=VALUE)\nusage: {USAGE}")
     if not args.gin_file:
         raise UsageError(f"no --gin_file given\nusage: {USAGE}")
     return args.gin_file, bindings, args.gin_search_path

@@ -371,13 +371,11 @@ def main(argv=None) -> int:
                         help="a --json file of earlier rows: re-derive FLOPs / collectives / step from their kept "
                              "HLO files (no compile) and print the table (with --json: write them there)")
     args, rest = parser.parse_known_args(argv)
-    bindings = []
-    for arg in rest:
-        if arg.startswith("--gin.") and "=" in arg:
-            key, value = arg[len("--gin."):].split("=", 1)
-            bindings.append(f"{key} = {value}")
-        else:
-            parser.error(f"unrecognised argument {arg!r} (bindings are --gin.KEY=VALUE)")
+    from sentemb_jax.main import gin_bindings
+
+    bindings, unknown = gin_bindings(rest)
+    if unknown:
+        parser.error(f"unrecognised argument {unknown[0]!r} (bindings are --gin.KEY=VALUE)")
     if args.reanalyze:
         rows = []
         for path in args.reanalyze:
