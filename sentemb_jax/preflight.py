@@ -12,11 +12,7 @@ import os
 
 import gin
 
-from sentemb_jax.data.files import DataError
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path  # gs://, s3://: not checked here (the readers of those report their own errors)
+from sentemb_jax.data.files import DataError, is_remote as _is_remote  # a bucket path is not checked here
 
 
 def gin_binding(selector: str, param: str) -> str | None:

@@ -34,6 +34,11 @@ class DataError(ValueError):
     """A data file that is missing or malformed; the message names the file and line."""
 
 
+def is_remote(path: str) -> bool:
+    """gs://, s3://, ...: read and written through etils.epath / tf.io.gfile, not os (orbax does the same)."""
+    return "://" in path
+
+
 def default_data_dir() -> str:
     """$SENTEMB_DATA_DIR, else ../shared/data next to the repository (or the current directory)."""
     env = os.environ.get(DATA_DIR_ENV)

@@ -24,6 +24,8 @@ import shutil
 
 from etils import epath
 
+from sentemb_jax.data.files import is_remote
+
 log = logging.getLogger(__name__)
 
 RECORD = "run_config.json"
@@ -42,7 +44,7 @@ def _jsonable(value):
 
 def file_fingerprint(path: str) -> dict:
     """Size and sha256 of the first and last MiB (the whole file when smaller than 2 MiB)."""
-    if "://" in path:
+    if is_remote(path):
         return {"bytes": epath.Path(path).stat().length}  # a bucket: the size alone (no random reads)
     size = os.path.getsize(path)
     digest = hashlib.sha256()
@@ -118,7 +120,7 @@ def restore_newest_good(manager, restore, model_dir: str, error):
         except Exception as e:  # noqa: BLE001 - orbax / TensorStore raise many kinds for a damaged step
             reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
             source = os.path.join(str(manager.directory), str(step))
-            if "://" in source or not os.path.isdir(source):
+            if is_remote(source) or not os.path.isdir(source):
                 raise error(f"checkpoint {source} cannot be restored ({reason}); delete that step directory "
                             "to resume from the one before it") from None
             target = os.path.join(model_dir, "damaged_checkpoints", str(step))

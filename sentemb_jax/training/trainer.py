@@ -32,7 +32,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from sentemb_jax.data.files import default_data_dir, read_sts_pairs, source_lines
+from sentemb_jax.data.files import default_data_dir, is_remote as _is_remote, read_sts_pairs, source_lines
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import RowFileSource, register_tasks
@@ -58,8 +58,9 @@ class TrainingError(RuntimeError):
     """A training run that cannot start or continue (the message says why)."""
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path  # gs://, s3://: read and written through etils.epath (orbax does the same)
+def _model_ref(init_from: str | None) -> str | None:
+    """The start model as recorded in MODEL_DIR (encoder.json, run_config.json): absolute when local."""
+    return os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from
 
 
 def model_path(model_dir: str, *parts: str) -> str:
@@ -267,7 +268,7 @@ def train(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
     history_path = model_path(model_dir, "metrics.jsonl")
     record = run_record.operative_config(
-        model={"init_from": os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from,
+        model={"init_from": _model_ref(init_from),
                "tokenizer_dir": None if init_from else tokenizer_dir, "init_layers": init_layers,
                "init_random": init_random, "config_overrides": config_overrides or {}, "params_from": params_from,
                "backbone": module.backbone_config, "pooling": list(module.pooling),
@@ -414,7 +415,7 @@ def _write_architecture(model_dir, encoder, init_from, pooling, config_overrides
     """MODEL_DIR/encoder.json: what SentenceEncoder.from_pretrained(MODEL_DIR) needs to rebuild the
     tower around a checkpoint (the model it started from, layers kept, an added head)."""
     projection = encoder.module.projection_dim if encoder.module.projection_activation == "tanh" else None
-    arch = {"init_from": os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from,
+    arch = {"init_from": _model_ref(init_from),
             "pooling": list(pooling) if isinstance(pooling, (list, tuple)) else pooling,
             "config_overrides": config_overrides or {}, "init_layers": init_layers,
             "projection_dim": projection, "projection_activation": "tanh" if projection else None}
