@@ -1,5 +1,6 @@
 """sentemb_jax: sentence encoders in JAX/Flax, from a laptop CPU to a TPU pod."""
 import glob as _glob
+import importlib as _importlib
 import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
@@ -51,7 +52,7 @@ def _cpu_unless_tpu() -> None:
     _os.environ["JAX_PLATFORMS"] = "cpu"
     if "jax" in _sys.modules:  # imported before us: its config read the environment already
         try:
-            from jax._src import xla_bridge
+            from jax._src import xla_bridge  # lazy: only when jax was imported before us (a private module)
 
             if not xla_bridge._backends:  # not started yet: the setting still takes effect
                 _sys.modules["jax"].config.update("jax_platforms", "cpu")
@@ -61,9 +62,19 @@ def _cpu_unless_tpu() -> None:
 
 _cpu_unless_tpu()
 
-from sentemb_jax.checkpoints import CheckpointError  # noqa: E402
-from sentemb_jax.cross_encoder import CrossEncoder  # noqa: E402
-from sentemb_jax.encoder import SentenceEncoder  # noqa: E402
-
-__all__ = ["SentenceEncoder", "CrossEncoder", "CheckpointError"]
+# The public names, loaded on first use (PEP 562): `import sentemb_jax.data.files` must not load
+# the Flax models (a package's __init__ runs before any of its modules).
+_EXPORTS = {"SentenceEncoder": "sentemb_jax.encoder", "CrossEncoder": "sentemb_jax.cross_encoder",
+            "CheckpointError": "sentemb_jax.errors"}
+__all__ = list(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(_importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sentemb_jax' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS])

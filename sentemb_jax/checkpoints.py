@@ -23,8 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
+from safetensors import SafetensorError, safe_open
+from safetensors.flax import save_file
 
+from sentemb_jax.errors import CheckpointError  # noqa: F401 - re-exported
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config, build_model
+from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +39,6 @@ PICKLE_INDEX = "pytorch_model.bin.index.json"
 CONFIG_FILE = "config.json"
 
 Path = tuple[str, ...]
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded or saved; the message names the file and tensors."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ _ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
 def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> ModelConfig:
     """Our backbone config from a config.json dict (and which optional parts the weights hold)."""
-    import transformers  # configs only: resolves defaults and legacy field names like HF does
+    import transformers  # configs only: resolves defaults and legacy field names like HF does  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
 
     model_type = hf.get("model_type")
     names = set(tensor_names)
@@ -208,8 +208,6 @@ def _legacy_rename(name: str) -> str:
 
 def read_safetensors_file(path: str) -> dict[str, np.ndarray]:
     """Every tensor of one safetensors file (numpy); CheckpointError naming the file if unreadable."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         out = {}
         with safe_open(path, framework="flax") as f:
@@ -221,7 +219,7 @@ def read_safetensors_file(path: str) -> dict[str, np.ndarray]:
 
 
 def _read_pickle_file(path: str) -> dict[str, np.ndarray]:
-    import torch
+    import torch  # lazy: optional: only for pickle (.bin) checkpoints the user explicitly allows, and parity checks
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -243,7 +241,6 @@ def _index_files(model_dir: str, index_name: str) -> list[str]:
             weight_map = json.load(f)["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path}: not a valid shard index ({e})") from None
-    from sentemb_jax.validation import is_under
 
     for name in sorted(set(map(str, weight_map.values()))):  # each shard a file of this directory, never outside it
         if os.path.isabs(name) or not is_under(name, model_dir):
@@ -286,8 +283,6 @@ def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict | None = None):
     """One safetensors file (PyTorch's metadata format by default, as HF and sentence-transformers expect)."""
-    from safetensors.flax import save_file
-
     save_file({k: jnp.asarray(v) for k, v in tensors.items()}, path, metadata=metadata or {"format": "pt"})
 
 

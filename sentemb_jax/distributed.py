@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import os
 
-import gin
 import jax
+
+import gin
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
@@ -27,6 +28,7 @@ from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
+from sentemb_jax.validation import ConfigError, is_under
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +82,6 @@ def transformer_dir_of(path: str) -> str:
 
 
 def _is_under(entry: str, root: str) -> bool:
-    from sentemb_jax.validation import is_under
-
     return "\0" not in entry and is_under(entry, root)
 
 
@@ -167,8 +167,6 @@ def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_ta
 
 def _restore_state(manager, step: int):
     """A checkpoint's train state onto this host's first device, whatever topology wrote it."""
-    import orbax.checkpoint as ocp
-
     meta = manager.item_metadata(step)["state"]
     one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one),
@@ -267,8 +265,6 @@ class SentenceEncoder:
         """The tower of a training run (its MODEL_DIR): the best checkpoint by STS-B dev
         (`which='best'`, falling back to the latest) or the latest one, on the architecture the
         run recorded in MODEL_DIR/encoder.json (the model it started from, layers kept, head)."""
-        import orbax.checkpoint as ocp
-
         arch = _read_json(os.path.join(run_dir, RUN_FILE))
         if not arch.get("init_from"):
             raise CheckpointError(f"{run_dir}: a run trained from scratch records no model directory to rebuild its "
@@ -337,8 +333,6 @@ class SentenceEncoder:
         single = isinstance(sentences, str)
         texts = check_texts([sentences] if single else sentences, "SentenceEncoder.encode")
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-            from sentemb_jax.validation import ConfigError
-
             raise ConfigError(f"SentenceEncoder.encode: batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
             raise ValueError(f"SentenceEncoder.encode: batch_size must be >= 1, got {batch_size}")

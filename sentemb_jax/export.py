@@ -18,9 +18,13 @@ from __future__ import annotations
 import logging
 import os
 
-import gin
 import jax
 import numpy as np
+
+from sentemb_jax import validation
+from sentemb_jax.data.vocab import tokenizer_spec_for
+from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+from sentemb_jax.pooling import l2_normalize
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +37,14 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     ("cpu", "cuda", "tpu") for a model served on accelerators too.
     overwrite: replace a non-empty out_dir (refused otherwise, before any work). The export is
     written to a temporary directory beside it and renamed into place: no mix of two exports."""
-    from sentemb_jax import validation
-
     validation.require_int(max_length, "sentemb_jax.export_savedmodel", "max_length", 1, allow_none=True,
                            none_means=" (the model's own)")
-    import tensorflow as tf
+    import tensorflow as tf  # lazy: TensorFlow loads in seconds and only the export / TF pipeline paths need it here
 
     if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
         raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
                          "to replace it")
-    from jax.experimental import jax2tf
-
-    from sentemb_jax.data.vocab import tokenizer_spec_for
-    from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
-    from sentemb_jax.pooling import l2_normalize
+    from jax.experimental import jax2tf  # lazy: needs TensorFlow
 
     encoder = SentenceEncoder.from_pretrained(model_path, pooling=pooling, max_seq_length=max_length)
     spec = tokenizer_spec_for(transformer_dir_of(model_path))
@@ -100,7 +98,7 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
 
 def _replace_dir(staging: str, out_dir: str) -> None:
     """Move a finished export into place; an earlier one is moved aside first and deleted after."""
-    import tensorflow as tf
+    import tensorflow as tf  # lazy: TensorFlow loads in seconds and only the export / TF pipeline paths need it here
 
     aside = None
     if tf.io.gfile.exists(out_dir):
@@ -111,4 +109,3 @@ def _replace_dir(staging: str, out_dir: str) -> None:
         tf.io.gfile.rmtree(aside)
 
 
-gin.external_configurable(export_savedmodel, module="sentemb_jax")

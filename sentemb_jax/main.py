@@ -18,6 +18,10 @@ import types
 import typing
 
 import gin
+from gin import config as gin_config  # the parsed bindings and the registry: gin has no public iterator over them
+from sentemb_jax.console import Console
+from sentemb_jax.errors import ConfigError, Preempted, SentembError, UsageError  # noqa: F401 - UsageError re-exported
+from sentemb_jax.validation import UNSET, bound_value
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
@@ -25,20 +29,9 @@ USAGE = ("python -m sentemb_jax.main --gin_file=FILE [--gin_file=FILE ...] [--gi
          "[--verbosity=0|1|2]")
 
 
-class UsageError(Exception):
-    """Bad command line or gin configuration (exit code 2)."""
-
-
 def register_configurables() -> None:
-    """Import every module that defines gin configurables, so bindings can name them."""
-    import sentemb_jax.distributed  # noqa: F401
-    import sentemb_jax.evaluation.jobs  # noqa: F401
-    import sentemb_jax.export  # noqa: F401
-    import sentemb_jax.jobs  # noqa: F401
-    import sentemb_jax.methods.ensemble  # noqa: F401
-    import sentemb_jax.methods.queue_distill  # noqa: F401
-    import sentemb_jax.methods.trans_encoder  # noqa: F401
-    import sentemb_jax.training.trainer  # noqa: F401
+    """Import every job (sentemb_jax.jobs), so bindings can name them and what they configure."""
+    import sentemb_jax.jobs  # noqa: F401  # lazy: only once the console has taken stderr (TF / JAX import chatter)
 
 
 def gin_bindings(args: list[str]) -> tuple[list[str], list[str]]:
@@ -108,8 +101,6 @@ def binding_type_errors() -> list[str]:
     """Each gin binding whose value does not fit its parameter's simple annotation, as
     `selector.param = value: expected T` (a typo like batch_size='128' is caught before the job
     starts, not deep inside it). References (@f, @f()) are not checked; macros by their value."""
-    from gin import config as gin_config  # the parsed bindings; gin has no public iterator over them
-
     bindings = gin_config._CONFIG
 
     def resolve(value, depth=0):
@@ -142,12 +133,58 @@ def _hint_name(hint) -> str:
     return _SIMPLE.get(hint, getattr(hint, "__name__", str(hint)))
 
 
+def check_run_job() -> None:
+    """`run.job` must be a reference to a job, `@sentemb_jax.evaluate_stsb` (checked before it runs:
+    `@job()` would run it while the arguments of `run` are read, a string is not a job)."""
+    key = next((k for k in ("run.job", "sentemb_jax.main.run.job", "__main__.run.job")
+                if bound_value(k) is not UNSET), None)
+    if key is None:
+        return  # unbound: gin's "Required bindings" message
+    try:
+        raw = gin.query_parameter(key)
+    except (ValueError, KeyError):
+        return
+    value = bound_value(key)
+    if isinstance(value, gin_config.ConfigurableReference):
+        if value.evaluate:
+            name = _full_name(value.configurable.name)
+            raise ConfigError(f"gin binding run.job = @{name}(): the parentheses would run the job while run's "
+                             f"arguments are read; write run.job = @{name} (no parentheses)")
+        return
+    if callable(value):
+        return
+    shown = f"{key} = %{raw.scoped_selector.rsplit('/', 1)[0]}" if isinstance(raw, gin_config.ConfigurableReference) else key
+    raise ConfigError(f"gin binding {shown} = {value!r} is a {type(value).__name__}, not a job: "
+                     f"write run.job = @{_suggest_job(value)} (a reference to the job, with @)")
+
+
+
+
+def _full_name(name: str) -> str:
+    try:
+        return gin_config._REGISTRY.get_match(name).selector
+    except Exception:  # noqa: BLE001
+        return name
+
+
+
+
+def _suggest_job(value) -> str:
+    """The registered configurable a string names (`evaluate_stsb` -> `sentemb_jax.evaluate_stsb`)."""
+    if isinstance(value, str):
+        name = value.strip().lstrip("@").rstrip("()").strip()
+        for candidate in (name, f"sentemb_jax.{name}"):
+            try:
+                return gin_config._REGISTRY.get_match(candidate).selector
+            except Exception:  # noqa: BLE001
+                continue
+    return "sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb"
+
+
 @gin.configurable
 def run(job=gin.REQUIRED):
     """Runs the job chosen in gin (`run.job = @some_job`)."""
     if not callable(job):
-        from sentemb_jax.validation import _suggest_job
-
         raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{_suggest_job(job)} "
                          "(a reference to the job, with @)")
     return job()
@@ -179,7 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from sentemb_jax.console import Console
 
     console = Console(verbosity, argv).start()
     try:
@@ -203,19 +239,12 @@ def _run_job(argv: list[str], console) -> int:
         console.say(f"error: {prefix}{message}")
         return code
 
-    from sentemb_jax.checkpoints import CheckpointError
-    from sentemb_jax.data.files import DataError
-    from sentemb_jax.tokenization import TokenizerError
-    from sentemb_jax.training.preemption import Preempted
-    from sentemb_jax.training.trainer import TrainingError
-    from sentemb_jax.validation import ConfigError, check_run_job
-
     try:
         files, bindings, search = parse_args(argv)
         register_configurables()
         parse_gin(files, bindings, search)
         check_run_job()  # a string or @job() is refused before anything runs
-        from sentemb_jax.distributed import initialize_distributed
+        from sentemb_jax.distributed import initialize_distributed  # lazy: imports jax, only once the console has taken stderr
 
         several = initialize_distributed()  # multi-host runs: before anything touches a device
         console.use_model_dir(_model_dir_of_config(), _process_index() if several else 0)
@@ -226,18 +255,18 @@ def _run_job(argv: list[str], console) -> int:
             if "Required bindings" in str(e):
                 raise UsageError(f"gin configuration error: {split_gin_context(str(e))[0]}") from None
             raise
-    except (UsageError, ConfigError) as e:  # ConfigError: a configured number / choice / path out of range
-        return fail(e, 2)
     except Preempted as e:  # SIGTERM / Ctrl-C in training: checkpointed, resumable
         message, context = split_gin_context(str(e))
         console.log_only("\n".join(context))
         console.say(f"stopped by {message}")
         return e.exit_code
+    except SentembError as e:  # ours (sentemb_jax.errors): its exit code - 2 usage / config, 1 bad input
+        return fail(e, e.exit_code)
     except KeyboardInterrupt as e:
         return fail(e, 130, "interrupted")
-    except (CheckpointError, DataError, TokenizerError, TrainingError, FileNotFoundError, ValueError) as e:
-        # Our errors and bad values (ValueError: a config's validation, e.g. QueueDistillConfig)
-        # end the job with their message; the traceback goes to the log file.
+    except (FileNotFoundError, ValueError) as e:
+        # Bad values found by a library or a config's own validation (e.g. a dataclass's
+        # __post_init__) end the job with their message; the traceback goes to the log file.
         return fail(e, 1)
     except Exception as e:  # noqa: BLE001 - a bug: one line here, the traceback in the log file
         return fail(e, 1, f"unexpected {type(e).__name__} (a bug; its traceback is in the log): ")
@@ -255,7 +284,7 @@ def _verbosity(argv: list[str]) -> int:
 
 
 def _process_index() -> int:
-    import jax
+    import jax  # lazy: only once the console has taken stderr
 
     return jax.process_index()
 

@@ -15,10 +15,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import flax.linen as nn
-import gin
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gin
+from sentemb_jax import validation as v
 
 MESH_AXES = ("data", "fsdp", "model")
 
@@ -49,8 +53,6 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[j
     Multislice over DCN): the `data` axis spans the slices - each slice holds data / num_slices
     of it, fsdp and model stay within a slice on ICI (create_hybrid_device_mesh).
     """
-    from sentemb_jax import validation as v
-
     sel = "sentemb_jax.make_mesh"
     if data != -1 and not (v._is_int(data) and data >= 1):
         v.fail(data, sel, "data", "must be -1 (the devices left over) or an integer >= 1")
@@ -72,7 +74,6 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[j
         if data % slices:
             raise ValueError(f"mesh data={data} must be a multiple of the {slices} slices (the data axis spans them over "
                              f"DCN; fsdp={fsdp} x model={model} stay within a slice)")
-        from jax.experimental import mesh_utils
 
         grid = mesh_utils.create_hybrid_device_mesh((data // slices, fsdp, model), (slices, 1, 1), devices,
                                                     allow_split_physical_axes=True)

@@ -12,13 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
+from sentemb_jax.errors import InvalidTextError, TokenizerError  # noqa: F401 - re-exported
+
 # Steps of ~12-25%: padding waste stays small (cost is linear in padded length) while a corpus
 # compiles at most ~20 shapes. Coarser buckets (8, 16, 32, ...) cost ~25% throughput on STS-B.
 DEFAULT_BUCKETS = (8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
-
-
-class TokenizerError(ValueError):
-    """A tokenizer directory that cannot be loaded, or input that cannot be tokenised."""
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -33,10 +31,6 @@ def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
 # Files one of which a Hugging Face tokenizer directory holds (fast: tokenizer.json; WordPiece:
 # vocab.txt; SentencePiece: spiece.model / sentencepiece.bpe.model / tokenizer.model; BPE: vocab.json).
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "vocab.json")
-
-
-class InvalidTextError(ValueError):
-    """A text that cannot be tokenised (not valid Unicode); the message names the item."""
 
 
 def check_texts(texts, where: str = "encode") -> list[str]:
@@ -73,7 +67,7 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, model_dir: str, max_length: int | None = None, buckets: Sequence[int] = DEFAULT_BUCKETS, lowercase: bool = False):
-        import transformers
+        import transformers  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
 
         if not os.path.isdir(model_dir):
             raise TokenizerError(f"{model_dir}: no such tokenizer directory")

@@ -19,18 +19,14 @@ import numbers
 import os
 
 import gin
+from gin import config as gin_config
+from sentemb_jax.errors import ConfigError  # noqa: F401 - re-exported
 
 UNSET = object()
 
 
-class ConfigError(ValueError):
-    """A configured number, choice or path outside what it allows (the runner exits 2)."""
-
-
-def _bound_value(key: str):
+def bound_value(key: str):
     """The value gin binds at `key` (a macro resolved), UNSET when it cannot tell."""
-    from gin import config as gin_config
-
     try:
         value = gin.query_parameter(key)
         for _ in range(20):
@@ -53,12 +49,10 @@ def _same(a, b) -> bool:
 def describe(value, selector: str, param: str, api: str | None = None) -> str:
     """`gin binding SELECTOR.PARAM = VALUE` when gin bound this value (with its macro:
     `... = %NUM_STEPS = 0`), else the API argument: `API(PARAM=VALUE)` (api defaults to selector)."""
-    from sentemb_jax.preflight import gin_binding
-
     binding = gin_binding(selector, param)
     if binding is not None:
         key = binding.split(" = ", 1)[0]
-        bound = _bound_value(key)
+        bound = bound_value(key)
         if bound is UNSET or _same(bound, value):
             return f"gin binding {binding} = {value!r}"
     return f"{api or selector}({param}={value!r})"
@@ -179,119 +173,30 @@ def check_batch_size(value, selector: str, param: str = "batch_size", api: str |
     require_int(value, selector, param, 1, api=api)
 
 
-def check_train_config(args: dict) -> None:
-    """Every number and choice of `sentemb_jax.train(**args)`, its ContrastiveConfig and the
-    optimizer gin configures for it (make_optimizer / learning_rate_schedule): before any work."""
-    a = args.get
-    check_batch_size(a("batch_size"), TRAIN)
-    require_int(a("num_steps"), TRAIN, "num_steps", 1)
-    require_int(a("sequence_length"), TRAIN, "sequence_length", 2)
-    require_int(a("checkpoint_every"), TRAIN, "checkpoint_every", 1)
-    require_int(a("keep_checkpoints"), TRAIN, "keep_checkpoints", 1)
-    require_int(a("eval_every"), TRAIN, "eval_every", 1, allow_none=True, none_means=" (no evaluation)")
-    require_int(a("log_every"), TRAIN, "log_every", 1)
-    require_number(a("time_budget_s"), TRAIN, "time_budget_s", 0, low_open=True, allow_none=True,
-                   none_means=" (no budget)")
-    check_seed(a("seed"), TRAIN)
-    require_int(a("skip_nonfinite"), TRAIN, "skip_nonfinite", 0)
-    require_int(a("init_layers"), TRAIN, "init_layers", 1, allow_none=True, none_means=" (every layer)")
-    if a("prng_impl") is not None:
-        require_choice(a("prng_impl"), PRNG_IMPLS, TRAIN, "prng_impl")
-    if not isinstance(a("task"), str) or not a("task"):
-        fail(a("task"), TRAIN, "task", "must be a task name (a string, e.g. 'nli_triples')")
-    if a("pooling") is not None:
-        from sentemb_jax.pooling import POOLING_MODES, check_pooling_modes
+# Where a value came from: its gin binding (with the macro it came from), for error messages.
 
+
+def gin_binding(selector: str, param: str) -> str | None:
+    """`selector.param` as gin bound it in the active scope (with the macro it came from:
+    `sentemb_jax.eval_sts.data_dir = %DATA_DIR`), or None when gin does not bind it."""
+    scopes = gin.current_scope()
+    for i in range(len(scopes), -1, -1):  # innermost scope first, as gin resolves it
+        key = "/".join([*scopes[:i], f"{selector}.{param}"])
         try:
-            check_pooling_modes(a("pooling"))
-        except (ValueError, TypeError):
-            fail(a("pooling"), TRAIN, "pooling", f"must be None (the model's own) or modes from {POOLING_MODES}")
-    contrastive = a("contrastive")
-    if contrastive is not None and a("distill") is None:
-        check_contrastive(contrastive)
-    check_positions(a("sequence_length"), a("init_from"), TRAIN, "sequence_length")
-    from sentemb_jax.partitioning import make_mesh
-    from sentemb_jax.training.optimizers import make_optimizer
-
-    make_optimizer()  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
-    make_mesh()  # its axis sizes against the devices, likewise
+            value = gin.query_parameter(key)
+        except (ValueError, KeyError):
+            continue
+        if isinstance(value, gin_config.ConfigurableReference) and value.configurable.name == "macro":
+            return f"{key} = %{value.scoped_selector.rsplit('/', 1)[0]}"
+        return key
+    return None
 
 
-def check_positions(length, model_dir, selector: str, param: str) -> None:
-    """A length past the position table of a BERT-family `model_dir` (read from its config.json
-    only; nothing loaded) is refused: those tokens would get NaN embeddings. T5: no table."""
-    if not model_dir or not isinstance(model_dir, str) or "://" in model_dir or not os.path.isdir(model_dir):
-        return  # a missing directory is reported by the preflight checks
-    import json
-
-    from sentemb_jax.encoder import transformer_dir_of
-
-    try:
-        with open(os.path.join(transformer_dir_of(model_dir), "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        positions = int(cfg["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no table (T5) or an unreadable config: reported when the model loads
-    if str(cfg.get("model_type", "")).startswith("t5"):
-        return
-    limit = positions - (int(cfg.get("pad_token_id", 1)) + 1 if cfg.get("model_type") == "roberta" else 0)
-    if _is_int(length) and length > limit:
-        fail(length, selector, param, f"must be an integer in [2, {limit}]: {model_dir} has {limit} positions "
-             "(longer texts would get NaN embeddings)")
+def source(selector: str, param: str) -> str:
+    """`set by gin binding X = %MACRO` for an error message; `selector.param` when gin does not bind it."""
+    binding = gin_binding(selector, param)
+    return f"set by gin binding {binding}" if binding else f"{selector}.{param}"
 
 
-def check_contrastive(cfg) -> None:
-    sel = "sentemb_jax.ContrastiveConfig"
-    require_number(getattr(cfg, "temperature", 0.05), sel, "temperature", 0, low_open=True)
-    require_number(getattr(cfg, "label_smoothing", 0.0), sel, "label_smoothing", 0, 1, high_open=True)
-    require_int(getattr(cfg, "chunk_size", None), sel, "chunk_size", 1, allow_none=True, none_means=" (whole batch)")
-
-
-def check_run_job() -> None:
-    """`run.job` must be a reference to a job, `@sentemb_jax.evaluate_stsb` (checked before it runs:
-    `@job()` would run it while the arguments of `run` are read, a string is not a job)."""
-    from gin import config as gin_config
-
-    key = next((k for k in ("run.job", "sentemb_jax.main.run.job", "__main__.run.job")
-                if _bound_value(k) is not UNSET), None)
-    if key is None:
-        return  # unbound: gin's "Required bindings" message
-    try:
-        raw = gin.query_parameter(key)
-    except (ValueError, KeyError):
-        return
-    value = _bound_value(key)
-    if isinstance(value, gin_config.ConfigurableReference):
-        if value.evaluate:
-            name = _full_name(value.configurable.name)
-            raise ConfigError(f"gin binding run.job = @{name}(): the parentheses would run the job while run's "
-                             f"arguments are read; write run.job = @{name} (no parentheses)")
-        return
-    if callable(value):
-        return
-    shown = f"{key} = %{raw.scoped_selector.rsplit('/', 1)[0]}" if isinstance(raw, gin_config.ConfigurableReference) else key
-    raise ConfigError(f"gin binding {shown} = {value!r} is a {type(value).__name__}, not a job: "
-                     f"write run.job = @{_suggest_job(value)} (a reference to the job, with @)")
-
-
-def _full_name(name: str) -> str:
-    from gin import config as gin_config
-
-    try:
-        return gin_config._REGISTRY.get_match(name).selector
-    except Exception:  # noqa: BLE001
-        return name
-
-
-def _suggest_job(value) -> str:
-    """The registered configurable a string names (`evaluate_stsb` -> `sentemb_jax.evaluate_stsb`)."""
-    from gin import config as gin_config
-
-    if isinstance(value, str):
-        name = value.strip().lstrip("@").rstrip("()").strip()
-        for candidate in (name, f"sentemb_jax.{name}"):
-            try:
-                return gin_config._REGISTRY.get_match(candidate).selector
-            except Exception:  # noqa: BLE001
-                continue
-    return "sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb"
+def via(selector: str, param: str) -> str:
+    return f" ({source(selector, param)})"

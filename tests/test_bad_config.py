@@ -9,10 +9,10 @@ import json
 import math
 import os
 
-import gin
 import numpy as np
 import pytest
 
+import gin
 from sentemb_jax import main as runner
 from sentemb_jax.validation import ConfigError
 

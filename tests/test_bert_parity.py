@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from hf_models import make_bert, padded_batch
+
 from sentemb_jax.checkpoints import load_hf_checkpoint, stack_layers
 from sentemb_jax.models import build_model
 
@@ -45,8 +45,9 @@ def test_last_hidden_state_and_pooler(bert):
 
 
 def test_roberta_positions_offset_by_padding_idx():
-    from sentemb_jax.models.bert import BertConfig, position_ids_for
     from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
+
+    from sentemb_jax.models.bert import BertConfig, position_ids_for
 
     ids = np.array([[5, 6, 7, 1, 1], [8, 1, 1, 1, 1]])
     got = np.asarray(position_ids_for(BertConfig(model_type="roberta", pad_token_id=1), jnp.asarray(ids)))

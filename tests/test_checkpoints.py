@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 from flax import traverse_util
+from hf_models import make_bert, make_t5
 from safetensors.numpy import load_file, save_file
 
-from hf_models import make_bert, make_t5
 from sentemb_jax.checkpoints import CheckpointError, load_hf_checkpoint, read_hf_tensors, save_hf_checkpoint
 
 

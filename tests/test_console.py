@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hf_models import make_t5
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,8 +5,8 @@ import shutil
 import pytest
 import tensorflow as tf
 import transformers
-
 from hf_models import SPM_MODEL
+
 from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.data.vocab import VocabularyError, WordPieceVocabulary, tokenizer_spec_for
 

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 import torch
-
 from hf_models import make_bert, make_t5
+
 from sentemb_jax import CheckpointError, SentenceEncoder
 from sentemb_jax.tokenization import Tokenizer, bucket_length
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from sentemb_jax import losses
-from sentemb_jax.methods.ensemble import EnsembleEncoder, ensemble_distill, ensemble_weights
+from sentemb_jax.jobs.distill import ensemble_distill
+from sentemb_jax.methods.ensemble import EnsembleEncoder, ensemble_weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

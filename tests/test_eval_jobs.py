@@ -7,8 +7,8 @@ import pytest
 from fake_models import CosineByName, HashEncoder, write_tsv
 
 from sentemb_jax import main as runner
-from sentemb_jax.evaluation import jobs
 from sentemb_jax.evaluation.encoding import EmbeddingCache
+from sentemb_jax.jobs import evaluate as jobs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,8 +6,13 @@ import pytest
 
 from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.readers import read_labelled_sentences
-from sentemb_jax.evaluation.transfer import (evaluate_transfer_task, inner_kfold_accuracy, kfold_then_test_accuracy,
-                                             senteval_order, split_then_test_accuracy)
+from sentemb_jax.evaluation.transfer import (
+    evaluate_transfer_task,
+    inner_kfold_accuracy,
+    kfold_then_test_accuracy,
+    senteval_order,
+    split_then_test_accuracy,
+)
 
 
 def test_senteval_order_sorts_by_token_count_then_label_stably():

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from hf_models import make_t5
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

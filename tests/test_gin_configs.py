@@ -2,12 +2,12 @@
 import glob
 import os
 
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import gin
 from sentemb_jax import main as runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

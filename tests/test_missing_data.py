@@ -12,11 +12,12 @@ import pytest
 from sentemb_jax import main as runner
 from sentemb_jax.data.files import DataError
 
+
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any model load fails the test: the checks must come first."""
     from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation import jobs
+    from sentemb_jax.jobs import evaluate as jobs
 
     def loaded(*args, **kwargs):
         raise AssertionError("a model was loaded before the inputs were checked")
@@ -162,8 +163,8 @@ def test_an_absent_task_of_an_existing_data_dir_is_still_only_omitted(tmp_path):
     """One STS task present: the others are left out and named in the report, as before."""
     from fake_models import CosineByName, write_tsv
 
-    from sentemb_jax.evaluation import jobs
     from sentemb_jax.evaluation.encoding import EmbeddingCache
+    from sentemb_jax.jobs import evaluate as jobs
 
     data = tmp_path / "data"
     for sub in ("FNWN", "headlines", "OnWN"):

@@ -9,7 +9,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-
 from hf_models import make_t5
 from run_utils import latest_checkpoint
 

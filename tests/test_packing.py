@@ -114,9 +114,10 @@ def test_packed_loss_and_gradients_equal_unpacked():
 @pytest.mark.parametrize("backbone,pooling", [("bert", "first"), ("bert", "mean"), ("t5", "first")])
 def test_packed_cross_encoder_logits_and_gradients_equal_padded(backbone, pooling):
     """Cross-encoder pairs packed into rows (token types packed along): same logits, same gradients."""
+    import optax
+
     from sentemb_jax.methods.trans_encoder import StepState, cross_step
     from sentemb_jax.models.cross import CrossEncoderModule
-    import optax
 
     module = CrossEncoderModule(_models()[f"{backbone}_mean" if backbone == "t5" else "bert_cls_max"].backbone_config,
                                 pooling=pooling, head_dropout=0.0)

@@ -12,8 +12,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import torch
-
 from hf_models import make_minilm_shaped_bert
+
 from sentemb_jax import losses
 from sentemb_jax.methods import instance_queue as iq
 from sentemb_jax.methods.queue_distill import QueueDistillConfig, distill_loss

@@ -12,9 +12,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
-
 from hf_models import make_t5
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from run_utils import latest_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
 from hf_models import make_t5, padded_batch
+
 from sentemb_jax.checkpoints import load_hf_checkpoint
 from sentemb_jax.models import build_model
 from sentemb_jax.models.sentence import SentenceEmbedder

@@ -159,10 +159,10 @@ def test_matmul_breakdown_names_each_dot_with_its_trip_count():
 
 
 def test_make_mesh_megacore_and_slices():
+    from jax.experimental import topologies
+
     from sentemb_jax import partitioning
     from sentemb_jax.benchmarks import tpu_compile
-
-    from jax.experimental import topologies
 
     tpu_compile.quiet_compile_only_env()
     per_core = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1").devices

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hf_models import make_t5
 from run_utils import latest_checkpoint
 
@@ -151,7 +150,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path
                for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))) <= 1e-6
 
 
-def test_dev_score_of_a_collapsed_model_is_nan_with_the_reason(caplog):
+def test_dev_score_of_a_collapsed_model_is_nan_with_the_reason(caplog, tmp_path):
     """During training an undefined STS-B dev score (every pair the same score) is a warning saying
     why and NaN - never the best - rather than the end of a long run."""
     import logging
@@ -166,8 +165,9 @@ def test_dev_score_of_a_collapsed_model_is_nan_with_the_reason(caplog):
         def encode(self, texts, **kwargs):
             return np.ones((len(texts), 4), np.float32)
 
-    evaluator = _StsDevEvaluator.__new__(_StsDevEvaluator)
-    evaluator.encoder, evaluator.s1, evaluator.s2, evaluator.gold = Collapsed(), ["a", "b", "c"], ["d", "e", "f"], np.array([1.0, 2.0, 3.0])
+    (tmp_path / "stsb").mkdir()
+    (tmp_path / "stsb" / "dev.tsv").write_text("sentence1\tsentence2\tscore\na\td\t1.0\nb\te\t2.0\nc\tf\t3.0\n")
+    evaluator = _StsDevEvaluator(Collapsed(), str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="sentemb_jax"):
         assert np.isnan(evaluator({"w": np.zeros(2)}))
     assert "the model gives all 3 pairs the same score" in caplog.text

@@ -5,9 +5,9 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_models import make_minilm_shaped_bert
 from scipy import stats
 
-from hf_models import make_minilm_shaped_bert
 from sentemb_jax.data.files import DataError
 from sentemb_jax.methods import trans_encoder as te
 

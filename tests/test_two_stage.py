@@ -4,8 +4,8 @@ import os
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-
 from hf_models import make_t5
+
 from sentemb_jax import main as runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -23,13 +23,26 @@ import functools
 import time
 from typing import Any, Sequence
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import gin
+from sentemb_jax import main as runner
+from sentemb_jax import partitioning
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.errors import ConfigError  # a gin file the compile-only tools cannot build a program from
+from sentemb_jax.methods import trans_encoder as te
+from sentemb_jax.methods.queue_distill import QueueDistillMethod
+from sentemb_jax.models.cross import CrossEncoderModule
+from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
+from sentemb_jax.training.sharded import activation_rules, tower_shardings
+from sentemb_jax.training.trainer import ContrastiveMethod, _with_projection, tower_module
 
 PLACEHOLDERS = ["TOKENIZER_DIR = '/unused'", "MODEL_DIR = '/unused'", "MODEL_PATH = '/unused'"]
-
-
-class ConfigError(ValueError):
-    """A gin file the compile-only tools cannot build a program from (the message says why)."""
 
 
 @dataclasses.dataclass
@@ -52,7 +65,6 @@ class Program:
     def context(self):
         if self.mesh is None:
             return contextlib.nullcontext()
-        from sentemb_jax.training.sharded import activation_rules
 
         return activation_rules(self.mesh)
 
@@ -79,15 +91,11 @@ class Program:
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     """The gin configuration `python -m sentemb_jax.main --gin_file=... --gin.KEY=VALUE` would have
     (placeholders for the directories that only the data / checkpoints need)."""
-    from sentemb_jax import main as runner
-
     runner.register_configurables()
     runner.parse_gin(list(gin_files), [*PLACEHOLDERS, *bindings])
 
 
 def _query(name: str, default=None):
-    import gin
-
     try:
         return gin.query_parameter(name)
     except ValueError:
@@ -95,16 +103,12 @@ def _query(name: str, default=None):
 
 
 def _count(tree) -> int:
-    import jax
-
     return int(sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree)))
 
 
 def _matmul_params(tower_params, decoder_only: bool = False) -> int:
     """Parameters that multiply activations: all but embedding tables (token / relative-position);
     decoder_only: those of the decoder alone."""
-    import jax
-
     total = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(tower_params)[0]:
         keys = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path).lower()
@@ -131,15 +135,11 @@ def _decoder_params(module, tower_params) -> int:
 
 
 def _abstract(tree, shardings):
-    import jax
-
     return jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
 
 
 def _tower_module():
     """The tower `train` builds from scratch (sentemb_jax.tower_module from the gin file's backbone)."""
-    from sentemb_jax.training.trainer import tower_module
-
     if _query("sentemb_jax.tower_module.backbone") is None:
         init_from = _query("sentemb_jax.train.init_from")
         raise ConfigError("this gin file takes its architecture from a model directory (train.init_from="
@@ -159,14 +159,6 @@ def _backbone_info(module) -> dict:
 def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None, label: str | None = None) -> Program:
     """The sharded train step `sentemb_jax.main` runs for these gin files, on `devices` (default:
     jax.devices()) with the gin file's mesh (make_mesh.*), optimizer, batch size and length."""
-    import gin
-    import jax
-    import jax.numpy as jnp
-
-    from sentemb_jax import partitioning
-    from sentemb_jax.training.optimizers import make_optimizer
-    from sentemb_jax.training.trainer import ContrastiveMethod, _with_projection
-
     parse_gin(gin_files, bindings)
     batch_size = _query("sentemb_jax.train.batch_size", 64)
     length = _query("sentemb_jax.train.sequence_length", 64)
@@ -176,9 +168,6 @@ def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), device
     module = _tower_module()
     distill = _query("sentemb_jax.train.distill")
     if distill is not None:
-        from sentemb_jax.encoder import SentenceEncoder
-        from sentemb_jax.methods.queue_distill import QueueDistillMethod
-
         cfg = gin.get_configurable("sentemb_jax.QueueDistillConfig")()
         method = QueueDistillMethod(cfg, length)
         teacher_dim = _query("%TEACHER_DIM")  # the width of the cached teacher embeddings (no teacher loaded)
@@ -225,13 +214,6 @@ def encode_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devic
     sharded=False: as SentenceEncoder.encode runs it - plain jax.jit on one device (the first of
     `devices`). sharded=True: params laid out over the gin file's mesh by the logical axis rules and
     the batch over data x fsdp (how a pod would serve a model that does not fit one chip)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
-
-    from sentemb_jax import partitioning
-    from sentemb_jax.training.sharded import tower_shardings
-
     parse_gin(gin_files, bindings)
     module = _tower_module()
     ids = np.ones((1, 8), np.int32)
@@ -244,7 +226,6 @@ def encode_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devic
                      out_shardings=NamedSharding(mesh, P(("data", "fsdp"))))
     else:
         mesh = None
-        import flax.linen as nn
 
         tower = nn.meta.unbox(jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), ids, ids))["params"])
         one = SingleDeviceSharding(devices[0])
@@ -267,15 +248,6 @@ def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (
     defaults (paper Table 16: cross batch 32 x 64 tokens, bi batch 128 x 32 per side), AdamW with
     clipping, jitted as the job does: `jax.jit(step, donate_argnums=(0,))`, no mesh - one device.
     Pairs unpacked (the job packs whole pairs into rows: fewer tokens, same shapes or smaller)."""
-    import jax
-    import jax.numpy as jnp
-    import flax.linen as nn
-    from jax.sharding import SingleDeviceSharding
-
-    from sentemb_jax.methods import trans_encoder as te
-    from sentemb_jax.models.cross import CrossEncoderModule
-    from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
-
     parse_gin(gin_files, bindings)
     tower = _tower_module()
     devices = list(devices if devices is not None else jax.devices())

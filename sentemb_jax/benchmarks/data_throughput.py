@@ -14,6 +14,16 @@ import argparse
 import itertools
 import time
 
+import jax
+import optax
+
+from sentemb_jax import SentenceEncoder
+from sentemb_jax.data.files import default_data_dir
+from sentemb_jax.data.pipeline import InputPipeline
+from sentemb_jax.data.tasks import register_tasks
+from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.losses import in_batch_softmax_loss
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -23,16 +33,6 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
-
-    import jax
-    import optax
-
-    from sentemb_jax import SentenceEncoder
-    from sentemb_jax.data.files import default_data_dir
-    from sentemb_jax.data.pipeline import InputPipeline
-    from sentemb_jax.data.tasks import register_tasks
-    from sentemb_jax.jobs import packaged_minilm_path
-    from sentemb_jax.losses import in_batch_softmax_loss
 
     model_dir = packaged_minilm_path()
     names = register_tasks(model_dir=model_dir, data_dir=args.data_dir or default_data_dir(), kinds=("nli_pairs",))

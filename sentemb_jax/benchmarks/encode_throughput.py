@@ -14,27 +14,26 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import time
+
+from sentemb_jax import SentenceEncoder
+from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.hub import packaged_minilm_path
 
 
 def _load_sentences(data_dir: str | None) -> list[str]:
-    from sentemb_jax.data.files import default_data_dir, read_sts_pairs
-
     s1, s2, _ = read_sts_pairs(os.path.join(data_dir or default_data_dir(), "stsb", "test.tsv"))
     return s1 + s2
 
 
 def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, conn) -> None:
-    import time
-
     if kind == "sentence_transformers":
-        import torch
-        from sentence_transformers import SentenceTransformer
+        import torch  # lazy: optional: only for pickle (.bin) checkpoints the user explicitly allows, and parity checks
+        from sentence_transformers import SentenceTransformer  # lazy: optional
 
         torch.set_num_threads(threads)
         model = SentenceTransformer(model_dir, device="cpu")
     else:
-        from sentemb_jax import SentenceEncoder
-
         model = SentenceEncoder.from_pretrained(model_dir)
     run = lambda: model.encode(sentences, batch_size=batch_size, show_progress_bar=False)  # noqa: E731
     run()  # warm-up: compiles every bucket shape / fills allocator caches
@@ -78,8 +77,6 @@ def main(argv=None):
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
-
-    from sentemb_jax.jobs import packaged_minilm_path
 
     model_dir = args.model or packaged_minilm_path()
     sentences = _load_sentences(args.data_dir)

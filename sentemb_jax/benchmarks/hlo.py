@@ -12,6 +12,7 @@ matmuls (`dot`, `convolution`) and collectives are counted that many times.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -440,8 +441,6 @@ def op_group(op_name: str) -> str:
 
 
 def _main(argv=None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(description="Where a compiled HLO module's matmul FLOPs go (per device).")
     parser.add_argument("hlo_file")
     parser.add_argument("--top", type=int, default=25)

@@ -21,6 +21,8 @@ import os
 import subprocess
 import sys
 
+from sentemb_jax.benchmarks.aot import train_program
+
 # config -> simulated devices (the mesh its gin file sets: 11B data 1 x fsdp 8 x model 8 = 64).
 DEFAULT_CONFIGS = {"gin/st5_3b.gin": 8, "gin/st5_3b_encdec.gin": 8, "gin/st5_11b.gin": 64, "gin/st5_11b_encdec.gin": 64}
 TPU_V3_HBM = 16 * 2**30
@@ -29,8 +31,6 @@ TPU_V3_HBM = 16 * 2**30
 def measure(gin_file: str, bindings: list[str]) -> dict:
     """Compile `gin_file`'s train step on this process's devices; bytes per device. The program is
     the one sentemb_jax.benchmarks.tpu_compile compiles for a TPU slice (benchmarks/aot.py)."""
-    from sentemb_jax.benchmarks.aot import train_program
-
     program = train_program([gin_file], bindings, label=gin_file)
     compiled, seconds = program.compile()
     mem = compiled.memory_analysis()

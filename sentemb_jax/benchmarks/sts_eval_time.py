@@ -14,10 +14,14 @@ import argparse
 import os
 import time
 
+from sentemb_jax.data.files import default_data_dir
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.evaluation.encoding import EmbeddingCache
+from sentemb_jax.evaluation.sts import evaluate_sts_tasks
+from sentemb_jax.hub import packaged_minilm_path
+
 
 def main() -> None:
-    from sentemb_jax.data.files import default_data_dir
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--sickr_test_path", default=None, help="default: <data_dir>/sick/sick_r_trial.tsv")
@@ -29,10 +33,6 @@ def main() -> None:
     sickr = args.sickr_test_path or os.path.join(data_dir, "sick", "sick_r_trial.tsv")
 
     start = time.perf_counter()
-    from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation.encoding import EmbeddingCache
-    from sentemb_jax.evaluation.sts import evaluate_sts_tasks
-    from sentemb_jax.jobs import packaged_minilm_path
 
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
     model = EmbeddingCache(SentenceEncoder.from_pretrained(args.model_path or packaged_minilm_path()))

@@ -40,6 +40,13 @@ import re
 import sys
 import time
 
+from jax.experimental import topologies
+
+import sentemb_jax
+from sentemb_jax.benchmarks import aot, hlo
+from sentemb_jax.errors import ConfigError, UsageError
+from sentemb_jax.main import gin_bindings
+
 GIB = 2**30
 PREDICTED = "predicted by the compiler, not measured"
 
@@ -101,8 +108,6 @@ def quiet_compile_only_env() -> None:
     """On a host without a TPU, libtpu is only the compiler here: let several processes load it
     (no device is opened, so its single-user lock file is not needed) and give it the host layout
     it would otherwise look up from the TPU VM metadata (silences its initialisation errors)."""
-    import sentemb_jax
-
     if sentemb_jax.tpu_attached():
         return
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -133,7 +138,6 @@ def topology_devices(topology: str, num_slices: int = 1) -> list:
     quiet_compile_only_env()
     if not re.fullmatch(r"[a-z0-9]+:\d+(x\d+){1,2}", topology) or generation(topology) not in KNOWN_TOPOLOGIES:
         raise TopologyError(f"unknown topology {topology!r} (want generation:AxB or AxBxC); known: {known_list()}")
-    from jax.experimental import topologies
 
     kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
     if generation(topology) in ("v4", "v5p"):
@@ -171,8 +175,6 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: st
     """Compile one program; its row (a dict). A program the compiler cannot fit in HBM gives a row
     with fits=False and the shortfall the compiler reports. hlo_dir: also write the compiled HLO
     text there (one file per row; `python -m sentemb_jax.benchmarks.hlo FILE` breaks its FLOPs down)."""
-    from sentemb_jax.benchmarks import hlo
-
     mesh = dict(program.mesh.shape) if program.mesh is not None else {"data": 1, "fsdp": 1, "model": 1}
     devices = math.prod(mesh.values()) if program.mesh is not None else 1
     row = {"config": program.label, "kind": program.kind, "topology": topology, "num_slices": num_slices,
@@ -244,8 +246,6 @@ def derive(row: dict, stats, chip: Chip) -> dict:
 def reanalyze(rows: list[dict]) -> list[dict]:
     """Rows of an earlier --json whose compiled HLO was kept (--hlo_dir), re-derived with this
     version's HLO reader (no recompile); rows without an HLO file are returned as they were."""
-    from sentemb_jax.benchmarks import hlo
-
     for row in rows:
         if row.get("hlo_file") and "flops_reported" in row and os.path.exists(row["hlo_file"]):
             with open(row["hlo_file"]) as f:
@@ -303,8 +303,6 @@ def mesh_grid(chips: int, layers_hint: int | None = None) -> list[tuple[int, int
 
 def run_programs(configs, topologies, bindings, program_kind, batch=None, length=None, num_slices=1,
                  meshes=None, on_row=None, hlo_dir=None) -> list[dict]:
-    from sentemb_jax.benchmarks import aot
-
     rows = []
     for topology in topologies:
         chip = chip_of(topology)
@@ -313,7 +311,7 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
             for mesh in meshes or [None]:
                 extra = list(bindings)
                 if mesh is not None:
-                    extra += [f"sentemb_jax.make_mesh.data = -1", f"sentemb_jax.make_mesh.fsdp = {mesh[0]}",
+                    extra += ["sentemb_jax.make_mesh.data = -1", f"sentemb_jax.make_mesh.fsdp = {mesh[0]}",
                               f"sentemb_jax.make_mesh.model = {mesh[1]}"]
                 kwargs = {}
                 if program_kind == "train":
@@ -336,8 +334,8 @@ def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row
     there the mesh with the lowest predicted step time."""
     choice = {}
     for config in configs:
-        for gen, topologies in topologies_by_gen.items():
-            for topology in topologies:
+        for gen, names in topologies_by_gen.items():
+            for topology in names:
                 chips = len(topology_devices(topology))
                 rows = run_programs([config], [topology], bindings, "train", batch, length,
                                     meshes=mesh_grid(chips), on_row=on_row, hlo_dir=hlo_dir)
@@ -371,7 +369,6 @@ def main(argv=None) -> int:
                         help="a --json file of earlier rows: re-derive FLOPs / collectives / step from their kept "
                              "HLO files (no compile) and print the table (with --json: write them there)")
     args, rest = parser.parse_known_args(argv)
-    from sentemb_jax.main import gin_bindings
 
     bindings, unknown = gin_bindings(rest)
     if unknown:
@@ -436,14 +433,9 @@ def main(argv=None) -> int:
     except TopologyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        from sentemb_jax.benchmarks.aot import ConfigError
-        from sentemb_jax.main import UsageError
-
-        if isinstance(e, (ConfigError, UsageError)):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+    except (ConfigError, UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         if args.json and rows:
             with open(args.json, "w") as f:

@@ -15,12 +15,21 @@ import argparse
 import os
 import time
 
+import jax
+import numpy as np
+import optax
+
+from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
+from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
+from sentemb_jax.data.packing import pack_batch
+from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
+from sentemb_jax.training.trainer import TRAIN_BUCKETS
 
 
 def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
-    from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
-
     spec = FileSpec(os.path.join(data_dir or default_data_dir(), "nli", "pairs.tsv"),
                     {"anchor": "sentence1", "positive": "sentence2"}, keep={"label": ("entailment",)})
     rows = read_examples(spec)[:n]
@@ -30,8 +39,8 @@ def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
 def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, pack: bool, conn) -> None:
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
-        import torch
-        from sentence_transformers import SentenceTransformer, losses
+        import torch  # lazy: optional: only for pickle (.bin) checkpoints the user explicitly allows, and parity checks
+        from sentence_transformers import SentenceTransformer, losses  # lazy: optional
 
         torch.set_num_threads(threads)
         model = SentenceTransformer(model_dir, device="cpu")
@@ -49,14 +58,6 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
                 opt.step()
             return float(loss)
     else:
-        import jax
-        import optax
-
-        from sentemb_jax import SentenceEncoder
-        from sentemb_jax.data.packing import pack_batch
-        from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
-        from sentemb_jax.training.trainer import TRAIN_BUCKETS
-
         enc = SentenceEncoder.from_pretrained(model_dir, max_seq_length=64)
         enc.tokenizer.buckets = tuple(b for b in TRAIN_BUCKETS if b < 64) + (64,)
         cfg = ContrastiveConfig(temperature=0.05)
@@ -87,8 +88,6 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
 
 
 def _matmul_peak_gflops() -> float:
-    import numpy as np
-
     a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
     a @ a
     start, n = time.perf_counter(), 10
@@ -105,9 +104,6 @@ def main(argv=None):
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
     args = parser.parse_args(argv)
-
-    from sentemb_jax.jobs import packaged_minilm_path
-    from sentemb_jax.tokenization import Tokenizer
 
     model_dir = packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)

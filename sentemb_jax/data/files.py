@@ -25,31 +25,10 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from sentemb_jax.errors import DataError  # noqa: F401 - re-exported
+from sentemb_jax.paths import DATA_DIR_ENV, default_data_dir, is_remote  # noqa: F401 - re-exported
+
 log = logging.getLogger(__name__)
-
-DATA_DIR_ENV = "SENTEMB_DATA_DIR"
-
-
-class DataError(ValueError):
-    """A data file that is missing or malformed; the message names the file and line."""
-
-
-def is_remote(path: str) -> bool:
-    """gs://, s3://, ...: read and written through etils.epath / tf.io.gfile, not os (orbax does the same)."""
-    return "://" in path
-
-
-def default_data_dir() -> str:
-    """$SENTEMB_DATA_DIR, else ../shared/data next to the repository (or the current directory)."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return env
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for base in (repo, os.getcwd()):
-        candidate = os.path.normpath(os.path.join(base, "..", "shared", "data"))
-        if os.path.isdir(candidate):
-            return candidate
-    return os.path.normpath(os.path.join(repo, "..", "shared", "data"))
 
 
 # ---------------------------------------------------------------------------------------------

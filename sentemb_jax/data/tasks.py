@@ -31,15 +31,26 @@ import logging
 import os
 from typing import Mapping, Sequence
 
-import gin
 import numpy as np
 import seqio
 import tensorflow as tf
 
+import gin
+from sentemb_jax import validation as v
 from sentemb_jax.data import augment
-from sentemb_jax.data.files import (ConcatRowIndex, DataError, FileSpec, RowIndex, index_rows, missing_file_message,
-                                    neighbour_positions, read_rows)
+from sentemb_jax.data.files import (
+    ConcatRowIndex,
+    DataError,
+    FileSpec,
+    RowIndex,
+    index_rows,
+    missing_file_message,
+    neighbour_positions,
+    read_rows,
+)
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
+from sentemb_jax.preflight import require_model_dir
+from sentemb_jax.validation import ConfigError, is_under
 
 log = logging.getLogger(__name__)
 
@@ -243,12 +254,9 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
         for path in [paths] if isinstance(paths, str) else list(paths):  # a list: files read as one
             binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
             if not isinstance(path, str) or not path:
-                from sentemb_jax.validation import ConfigError
-
                 raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: "
                                   "must be a file path (a string; relative ones are under DATA_DIR)")
             if not os.path.isabs(path):  # a relative entry stays under DATA_DIR; an absolute one is the user's own
-                from sentemb_jax.validation import is_under, ConfigError
 
                 if not is_under(path, data_dir):
                     raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: a relative "
@@ -293,8 +301,6 @@ def register_tasks(
 
     Row validation happens when a split is first read.
     """
-    from sentemb_jax import validation as v
-
     sel = "sentemb_jax.data.register_tasks"
     v.require_choice(on_bad_row, ("error", "skip"), sel, "on_bad_row")
     v.require_number(augment_rate, sel, "augment_rate", 0, 1, high_open=True)
@@ -329,8 +335,6 @@ def register_tasks(
         names.update({m: PREFIX + m for m, parts in MIXTURES.items() if set(parts) <= set(kinds)})
         return names
     if not os.path.isdir(model_dir):
-        from sentemb_jax.preflight import require_model_dir
-
         require_model_dir(model_dir, "sentemb_jax.data.register_tasks", "model_dir")
     tokenizer = tokenizer_spec_for(model_dir)
     names = {}

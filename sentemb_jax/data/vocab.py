@@ -16,10 +16,7 @@ from typing import Sequence
 import seqio
 import tensorflow as tf
 
-
-class VocabularyError(ValueError):
-    """A model directory whose vocabulary cannot be used in the TF input pipeline."""
-
+from sentemb_jax.errors import VocabularyError  # noqa: F401 - re-exported
 
 # ------------------------------------------------------------------------------------------------
 # Hugging Face's BERT tokenizer (the Rust `tokenizers` BertNormalizer, BertPreTokenizer and WordPiece
@@ -171,7 +168,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
                  added_tokens: dict[str, int] | None = None):
         """added_tokens: strings matched in the raw text before normalisation, with their ids (HF's
         added tokens, normalized=False); default: the special tokens of the vocabulary ([MASK] too)."""
-        import tensorflow_text as tf_text
+        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
 
         if not os.path.isfile(vocab_file):
             raise VocabularyError(f"{vocab_file}: no such vocabulary file")
@@ -234,7 +231,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
     def _with_added_tokens_tf(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Step 1: [texts, segments], an added token being a segment of its own (its id), the text
         between them tokenised on its own."""
-        import tensorflow_text as tf_text
+        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
 
         # regex_split stops at U+0000; clean_text drops it and U+FFFD alike, so swap first.
         texts = tf.strings.regex_replace(texts, r"\x00", "\uFFFD")
@@ -261,7 +258,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
         tensorflow_text's own lower_case path applies ICU NFKC case folding, which differs from
         HF on compatibility characters (e.g. U+00B4) and final sigma, so normalise here instead.
         """
-        import tensorflow_text as tf_text
+        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
 
         s = tf.strings.regex_replace(s, _HF_CONTROL, "")
         s = tf.strings.regex_replace(s, _HF_WHITESPACE, " ")
@@ -275,7 +272,7 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     def pretokenize_tf(self, s: tf.Tensor) -> tf.RaggedTensor:
         """HF's BertPreTokenizer (step 5) on normalised text: ragged [..., words]."""
-        import tensorflow_text as tf_text
+        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
 
         return tf_text.regex_split(s, f" |{_HF_PUNCTUATION}", _HF_PUNCTUATION)
 

@@ -19,7 +19,7 @@ from sklearn.metrics import roc_auc_score
 
 from sentemb_jax.evaluation.encoding import is_cross_encoder, predict_pairs
 from sentemb_jax.evaluation.readers import read_labelled_pairs
-from sentemb_jax.evaluation.sts import MissingDataWarning, cosine_scores
+from sentemb_jax.evaluation.sts import MissingDataWarning, UndefinedScoreError, cosine_scores
 
 QNLI_DEV_ROWS = 1000
 
@@ -34,8 +34,6 @@ def pair_scores(model, sentences1, sentences2, batch_size: int = 64) -> np.ndarr
 def pair_auc(scores, labels, name: str = "pairs") -> float:
     """ROC AUC x 100 (labels 1 = positive); UndefinedScoreError (with the reason) when it is not
     defined: no pairs, one class only, NaN / inf scores."""
-    from sentemb_jax.evaluation.sts import UndefinedScoreError
-
     labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float64)
     if len(labels) == 0:
         raise UndefinedScoreError(f"{name}: AUC undefined: no pairs to score (an empty split?)")

@@ -34,8 +34,14 @@ from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.pairs import QNLI_DEV_ROWS
 from sentemb_jax.evaluation.readers import SICK_E_LABELS, read_labelled_pairs
 from sentemb_jax.evaluation.sts import STS_SCORE_RANGE, MissingDataWarning, correlations
-from sentemb_jax.evaluation.transfer import (DEFAULT_SEED, INNER_KFOLD_CS, KFOLD_CS, fit_logreg,
-                                             kfold_then_test_accuracy, split_then_test_accuracy)
+from sentemb_jax.evaluation.transfer import (
+    DEFAULT_SEED,
+    INNER_KFOLD_CS,
+    KFOLD_CS,
+    fit_logreg,
+    kfold_then_test_accuracy,
+    split_then_test_accuracy,
+)
 
 SENTGLUE_TASKS = ("MRPC", "STSB", "QNLI", "SICKE")
 RIDGE_ALPHAS = tuple(10.0**t for t in range(-2, 4))

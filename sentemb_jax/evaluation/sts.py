@@ -24,6 +24,7 @@ import numpy as np
 from scipy import stats
 
 from sentemb_jax.data.files import read_sts_pairs
+from sentemb_jax.errors import UndefinedScoreError  # noqa: F401 - re-exported
 from sentemb_jax.evaluation.encoding import EmbeddingCache, encode_sentences
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
@@ -59,11 +60,6 @@ def cosine_scores(model, sentences1: list[str], sentences2: list[str], batch_siz
     a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
     b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
     return np.sum(a * b, axis=1)
-
-
-class UndefinedScoreError(ValueError):
-    """A correlation that is not defined (an empty split, constant gold scores, constant or NaN
-    model scores): said with the reason instead of reporting `nan`."""
 
 
 def check_scorable(gold, name: str = "scores") -> None:
@@ -106,6 +102,24 @@ def correlations(scores: np.ndarray, gold: np.ndarray, name: str = "scores") -> 
 def evaluate_sts_pairs(model, sentences1, sentences2, gold, batch_size: int = 64, name: str = "STS pairs") -> dict[str, float]:
     check_scorable(gold, name)  # before encoding: an empty split or constant gold scores
     return correlations(cosine_scores(model, sentences1, sentences2, batch_size), np.asarray(gold), name)
+
+
+class StsbEvaluator:
+    """An STS-B split (DATA_DIR/stsb/{split}.tsv, gold scores 0-5) read once; calling it with any
+    encoder gives Spearman / Pearson x 100 (`primary_metric`: spearman). The one owner of STS-B
+    split scoring: the train loop's dev score, the evaluate_stsb job and the ensemble's weights."""
+
+    primary_metric = "spearman"
+
+    def __init__(self, data_dir: str, split: str = "dev", batch_size: int = 64):
+        self.path = os.path.join(data_dir, "stsb", f"{split}.tsv")
+        self.split, self.batch_size = split, batch_size
+        self.s1, self.s2, self.gold = read_sts_pairs(self.path, score_range=(0.0, 5.0))
+
+    def __call__(self, model) -> dict:
+        scores = evaluate_sts_pairs(model, self.s1, self.s2, self.gold, batch_size=self.batch_size,
+                                    name=f"STS-B {self.split} ({self.path})")
+        return {**scores, "split": self.split, "pairs": len(self.gold)}
 
 
 @dataclasses.dataclass

@@ -17,6 +17,12 @@ import os
 import subprocess
 import sys
 
+from sentemb_jax.data.files import default_data_dir
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
+from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.jobs.evaluate import sts_scores
+
 EQUAL_STEPS = ["--gin.sentemb_jax.train.time_budget_s=None"]
 BASELINES = "gin/runs/distill_baselines_cpu.gin"
 QDC = "--gin.sentemb_jax.QueueDistillConfig"
@@ -87,10 +93,6 @@ def main(argv=None) -> None:
     parser.add_argument("--rerun", action="store_true", help="run again configurations that have results")
     parser.add_argument("--table", nargs="*", default=None, help="runs to show (default: every run with results)")
     args = parser.parse_args(argv)
-    from sentemb_jax.data.files import default_data_dir
-    from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation.jobs import sts_scores
-    from sentemb_jax.jobs import packaged_minilm_path
 
     data_dir = default_data_dir()
     teacher = packaged_minilm_path()
@@ -119,8 +121,6 @@ def main(argv=None) -> None:
 
 
 def print_table(rows: dict) -> None:
-    from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
-
     tasks = [t for t in STS_TASKS if any(t in sts for sts, _ in rows.values())]
     print(f"\n{'run':18s}{'dev best':>9s}{'step':>6s}{'min':>6s}" + "".join(f"{TASK_LABELS.get(t, t):>8s}" for t in tasks)
           + f"{'Avg':>8s}")

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shutil
 import tempfile
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from sentemb_jax import main as runner
+from sentemb_jax.data.files import FileSpec, default_data_dir, index_rows
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.hub import packaged_minilm_path
 
 STS_HEADER = "sentence1\tsentence2\tscore\n"
 
 
 def _main(argv: list[str]) -> tuple[str, str]:
-    from sentemb_jax import main as runner
-
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         code = runner.main(argv)
@@ -63,8 +70,6 @@ def data_cases(tmp: str):
     yield "SICKR_TEST_PATH missing", _main(sts_job + [f"--gin.SICKR_TEST_PATH='{tmp}/sick_r_test.tsv'"])
     yield "an evaluation with every task omitted (no STS file)", _main(sts_job)
 
-    from sentemb_jax.data.files import FileSpec, index_rows
-
     made = []
 
     def jsonl(body: str) -> str:
@@ -103,11 +108,6 @@ def gin_cases(tmp: str):
 
 
 def checkpoint_cases(tmp: str, data_dir: str):
-    import numpy as np
-    from safetensors.numpy import load_file, save_file
-
-    from sentemb_jax.jobs import packaged_minilm_path
-
     src = packaged_minilm_path()
     tensors = load_file(os.path.join(src, "model.safetensors"))
 
@@ -137,9 +137,6 @@ def checkpoint_cases(tmp: str, data_dir: str):
 
 
 def encode_cases():
-    from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.jobs import packaged_minilm_path
-
     enc = SentenceEncoder.from_pretrained(packaged_minilm_path())
     yield "encode([])", _call(lambda: enc.encode([]))
     yield "encode(None)", _call(lambda: enc.encode(None))
@@ -170,10 +167,6 @@ def train_cases(tmp: str, data_dir: str):
 
 
 def main() -> None:
-    import logging
-
-    from sentemb_jax.data.files import default_data_dir
-
     data_dir = default_data_dir()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

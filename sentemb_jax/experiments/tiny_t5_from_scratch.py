@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 
 SOURCES = (("nli/sentences.tsv", "sentence"), ("unlabelled/wiki1m_head.tsv", "sentence"))
@@ -31,8 +33,8 @@ RUNS = {"encoder_mean": "gin/runs/tiny_t5_scratch.gin", "encdec_first": "gin/run
 
 def train_tokenizer(out_dir: str, data_dir: str, vocab_size: int = 8192) -> str:
     """SentencePiece (unigram) on the NLI + wiki sentences; a directory AutoTokenizer and seqio load."""
-    import sentencepiece as spm
-    import transformers
+    import sentencepiece as spm  # lazy: only T5 tokenizers need it
+    import transformers  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
 
     model = os.path.join(out_dir, "spiece.model")
     if os.path.isfile(model):
@@ -59,8 +61,6 @@ def train_tokenizer(out_dir: str, data_dir: str, vocab_size: int = 8192) -> str:
 
 def build_nli_triples(data_dir: str, out_path: str, seed: int = 0) -> dict:
     """triples.tsv + the entailment pairs it lacks, each with a hard negative; returns counts."""
-    import numpy as np
-
     triples = read_examples(FileSpec(os.path.join(data_dir, "nli", "triples.tsv"),
                                      {"anchor": "anchor", "positive": "positive", "negative": "negative"}))
     pairs = read_examples(FileSpec(os.path.join(data_dir, "nli", "pairs.tsv"),
@@ -140,10 +140,10 @@ def main(argv=None) -> None:
 
 
 def _plot(curves: dict, path: str) -> None:
-    import matplotlib
+    import matplotlib  # lazy: only the plotting paths need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: only the plotting paths need it
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, curve in curves.items():

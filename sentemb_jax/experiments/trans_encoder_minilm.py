@@ -17,6 +17,9 @@ import os
 import subprocess
 import sys
 
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.hub import packaged_minilm_path
+
 STS_GIN = "gin/runs/trans_encoder_sts_cpu.gin"
 PAIRS_GIN = "gin/runs/trans_encoder_pairs_cpu.gin"
 FIXED_GIN = "gin/runs/trans_encoder_sts_cpu_from_bi.gin"  # the study's selection: bi->cross lr 1e-4
@@ -52,8 +55,6 @@ DEFAULT_RUNS = ["self_B", "B_standardize", "B_lr1e-4", "B_lr3e-4", "B_mean_head"
 
 def make_truncated(src: str, out: str, layers: int = 3) -> str:
     """A sentence-transformers directory holding the first `layers` layers of the BERT-family model `src`."""
-    from sentemb_jax.encoder import SentenceEncoder
-
     if os.path.isfile(os.path.join(out, "modules.json")):
         return out
     small = SentenceEncoder.from_pretrained(src).first_layers(layers)
@@ -68,7 +69,6 @@ def main(argv=None) -> None:
     parser.add_argument("--cycles", type=int, default=None, help="override the gin file's cycle count")
     parser.add_argument("--rerun", action="store_true", help="run again configurations that have results")
     args = parser.parse_args(argv)
-    from sentemb_jax.jobs import packaged_minilm_path
 
     models = {"A": packaged_minilm_path(), "B": make_truncated(packaged_minilm_path(), os.path.join(args.out, "B_minilm_l3"))}
     for name in args.runs:

@@ -12,7 +12,8 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 Array = jax.Array
 SHARD_MIN_ENTRIES = 65_536  # smaller queues are replicated: their scatter is cheaper than the collectives

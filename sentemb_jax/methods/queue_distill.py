@@ -35,15 +35,20 @@ from typing import Any
 
 import flax
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
+import gin
 from sentemb_jax import losses, partitioning
+from sentemb_jax import validation as v
+from sentemb_jax.data.tasks import sentence_texts, sentence_views, view_texts
+from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.methods import instance_queue as iq
+from sentemb_jax.methods.ensemble import EnsembleEncoder
 from sentemb_jax.pooling import l2_normalize
 from sentemb_jax.training import sharded
 from sentemb_jax.training.step import embed_packed, embed_side, side_features
@@ -103,7 +108,6 @@ class QueueDistillConfig:
                              f"{losses.REGRESSION_LOSSES}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"QueueDistillConfig.alpha={self.alpha}: must lie in [0, 1]")
-        from sentemb_jax import validation as v  # numbers: ConfigError naming the gin binding (exit 2)
 
         sel = "sentemb_jax.QueueDistillConfig"
         v.require_int(self.queue_size, sel, "queue_size", 1)
@@ -136,6 +140,10 @@ class QueueDistillConfig:
     @property
     def queue_count(self) -> int:
         return 2 if self.method in _SCT else (1 if self.method in _TEACHER_QUEUE else 0)
+
+    def make_method(self, sequence_length: int, seed: int = 0) -> QueueDistillMethod:
+        """The train loop's method for this config (train(distill=...) calls it: the loop imports no method)."""
+        return QueueDistillMethod(self, sequence_length, seed)
 
 
 class Projector(nn.Module):
@@ -317,13 +325,8 @@ class QueueDistillMethod:
     def prepare(self, task_name: str, student) -> None:
         """Load the teacher; embed (or read from the cache) every training sentence (view1, and for
         sct_distill view2 when the task fixes it per sentence)."""
-        from sentemb_jax.data.tasks import sentence_texts, sentence_views, view_texts
-        from sentemb_jax.encoder import SentenceEncoder
-
         cfg = self.cfg
         if isinstance(cfg.teacher, (list, tuple)):
-            from sentemb_jax.methods.ensemble import EnsembleEncoder
-
             self.teacher = EnsembleEncoder.from_paths(cfg.teacher, cfg.teacher_weights, max_seq_length=self.sequence_length)
         elif cfg.teacher:
             self.teacher = SentenceEncoder.from_pretrained(cfg.teacher, max_seq_length=self.sequence_length)
@@ -433,67 +436,3 @@ class QueueDistillMethod:
         teacher = jax.device_put(self.teacher.params, shardings.teacher) if self.online_teacher else None
         return DistillState(step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step), params=params,
                             opt_state=opt_state, queues=queues, teacher=teacher)
-
-
-# ------------------------------------------------------------------------------------------------
-# The README's default job: distil, then the STS table of teacher, student before and after.
-
-
-@gin.configurable(module="sentemb_jax")
-def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, student_layers: int = 3,
-                   data_dir: str | None = None, train=gin.REQUIRED, sickr_test_path: str | None = None) -> dict:
-    """Score the teacher and the student before training (its first `student_layers` layers) on the
-    STS table, run `train` (a configured sentemb_jax.train, e.g. ConGen), score the best student by
-    STS-B dev; print the three rows; write model_dir/{student (the model), results.md,
-    sts_teacher_student.png, stsb_dev_curve.png}. Scores of a finished part are reused on a rerun."""
-    from sentemb_jax.data.files import default_data_dir
-    from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation import plots
-    from sentemb_jax.evaluation.jobs import sts_scores
-    from sentemb_jax.evaluation.report import sts_rows_table
-    from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
-
-    from sentemb_jax import preflight
-    from sentemb_jax.evaluation.jobs import check_inputs, sts_inputs
-    from sentemb_jax.validation import require_int
-
-    require_int(student_layers, "sentemb_jax.distill_report", "student_layers", 1)
-    data_dir = data_dir or default_data_dir()
-    student_dir = os.path.join(model_dir, "student")
-    # Before any work: the teacher, DATA_DIR, a SICK-R test file given by path, some STS task to
-    # score, and what `train` reads (its start model, its task's files, STS-B dev).
-    preflight.require_model_dir(teacher, "sentemb_jax.distill_report", "teacher")
-    check_inputs("distill_report", None, data_dir, sickr_test_path=sickr_test_path)
-    preflight.require_some_task("distill_report (STS table)", data_dir, *sts_inputs(data_dir, sickr_test_path),
-                                "sentemb_jax.distill_report")
-    train(export_dir=student_dir, check_only=True)
-
-    def scored(name: str, make) -> dict:
-        label = {"teacher": teacher, "student_before": f"{teacher} (first {student_layers} layers)",
-                 "student_after": student_dir}[name]
-        return sts_scores(label, os.path.join(model_dir, "eval", name), data_dir, make, sickr_test_path)
-
-    teacher_encoder = SentenceEncoder.from_pretrained(teacher)
-    rows = {"teacher": scored("teacher", lambda: teacher_encoder),
-            "student before": scored("student_before", lambda: teacher_encoder.first_layers(student_layers))}
-    result = train(export_dir=student_dir)
-    rows["student after"] = scored("student_after", lambda: SentenceEncoder.from_pretrained(student_dir))
-    labels = {**TASK_LABELS, "avg": "Avg"}
-    table = sts_rows_table(rows)
-    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-        history = [json.loads(line) for line in f]  # also right when a rerun found the training done
-    curve = [c for c in history if "stsb_dev_spearman" in c]
-    best = max(curve, key=lambda c: c["stsb_dev_spearman"]) if curve else {}
-    note = (f"Student: the first {student_layers} layers of {teacher}, trained {history[-1]['step']} steps "
-            f"({history[-1]['train_seconds'] / 60:.1f} min of training); best STS-B dev "
-            f"{best.get('stsb_dev_spearman', float('nan')):.2f} at step {best.get('step')}. STS: Spearman x 100.")
-    print("\n" + table + "\n\n" + note)
-    with open(os.path.join(model_dir, "results.md"), "w") as f:
-        f.write(table + "\n\n" + note + "\n")
-    shown = [t for t in (*STS_TASKS, "avg") if all(r.get(t) is not None for r in rows.values())]  # no SICK-R test here
-    plots.plot_grouped_bars({n: {labels.get(t, t): r[t] for t in shown} for n, r in rows.items()},
-                            os.path.join(model_dir, "sts_teacher_student.png"), "STS: teacher, student before / after")
-    plots.plot_curve([c["train_seconds"] / 60 for c in curve], [c["stsb_dev_spearman"] for c in curve],
-                     os.path.join(model_dir, "stsb_dev_curve.png"), "Student STS-B dev during training",
-                     "training minutes", "Spearman x 100")
-    return {"sts": rows, "train": result}

@@ -26,13 +26,23 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import gin
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
+import gin
+from sentemb_jax import preflight
+from sentemb_jax import validation as v
+from sentemb_jax.cross_encoder import CrossEncoder
+from sentemb_jax.data.files import DataError, default_data_dir, iter_tsv, read_sts_pairs
 from sentemb_jax.data.packing import pack_batch, packing_inputs
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
+from sentemb_jax.evaluation.readers import read_labelled_pairs
+from sentemb_jax.evaluation.sts import correlations, cosine_scores
+from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
 from sentemb_jax.training.step import embed_packed
 
 log = logging.getLogger(__name__)
@@ -193,8 +203,6 @@ class DistillPhase:
 
 def _check_phase(ph: DistillPhase, param: str) -> None:
     """A DistillPhase's numbers (ConfigError naming `<scope>/sentemb_jax.DistillPhase.<field>`)."""
-    from sentemb_jax import validation as v
-
     sel = f"{param}/sentemb_jax.DistillPhase"
     api = "sentemb_jax.DistillPhase"
     v.require_number(ph.learning_rate, sel, "learning_rate", 0, low_open=True, api=api)
@@ -226,8 +234,6 @@ class EvalSet:
 
 def read_unlabelled_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
     """(sentence1, sentence2) of every row of the TSV files (score / label columns dropped), exact duplicates removed."""
-    from sentemb_jax.data.files import DataError, iter_tsv
-
     seen, pairs = set(), []
     for path in paths:
         if not os.path.isfile(path):
@@ -247,9 +253,6 @@ def read_unlabelled_pairs(paths: Sequence[str]) -> list[tuple[str, str]]:
 @functools.lru_cache(maxsize=16)
 def _read_eval_set(ev: EvalSet) -> tuple[list[str], list[str], np.ndarray]:
     """The rows of an eval set, read once per job (it is scored after every epoch and phase)."""
-    from sentemb_jax.data.files import read_sts_pairs
-    from sentemb_jax.evaluation.readers import read_labelled_pairs
-
     if ev.kind not in ("sts", "pairs"):
         raise ValueError(f"eval set {ev.name}: kind {ev.kind!r} (choose 'sts' or 'pairs')")
     s1, s2, gold = read_sts_pairs(ev.path) if ev.kind == "sts" else read_labelled_pairs(ev.path)
@@ -258,9 +261,6 @@ def _read_eval_set(ev: EvalSet) -> tuple[list[str], list[str], np.ndarray]:
 
 
 def score_eval_set(model, ev: EvalSet) -> float:
-    from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
-    from sentemb_jax.evaluation.sts import correlations
-
     s1, s2, gold = _read_eval_set(ev)
     scores = pair_scores(model, s1, s2)
     name = f"evaluation set {getattr(ev, 'name', None) or getattr(ev, 'path', '')}"
@@ -273,8 +273,6 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
 
     The dev score is taken at each epoch end; `save_best(params, score)` is called when it beats
     the phase's best so far (the caller keeps the best over all phases)."""
-    from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
-
     per_epoch = math.ceil(len(examples) / phase.batch_size)
     total = per_epoch * phase.epochs
     schedule = learning_rate_schedule(phase.learning_rate, int(phase.warmup_ratio * total), total)
@@ -324,8 +322,6 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
 def _check_inputs(data_dir: str, bi_encoders, cross_encoders, pair_files, dev: EvalSet, report) -> None:
     """Before any work: every start model directory, DATA_DIR (when a path is under it) and every
     pair / dev / report file exist; a failure names the gin binding (sentemb_jax.trans_encoder.<param>)."""
-    from sentemb_jax import preflight
-
     job = "sentemb_jax.trans_encoder"
     for param, paths in (("bi_encoders", bi_encoders), ("cross_encoders", cross_encoders or ())):
         for path in paths:
@@ -370,19 +366,12 @@ def trans_encoder(
     data_dir: relative paths in pair_files / dev / report are under it (default: the shared data).
     A rerun with the same model_dir resumes: finished phases come back from their checkpoints.
     """
-    from sentemb_jax.data.files import default_data_dir
-    from sentemb_jax.cross_encoder import CrossEncoder
-    from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.evaluation.sts import cosine_scores
-    from sentemb_jax.tokenization import Tokenizer
-
     if schedule not in SCHEDULES:
         raise ValueError(f"trans_encoder.schedule {schedule!r}: choose from {SCHEDULES}")
     bi_to_cross, cross_to_bi = bi_to_cross or bi_to_cross_defaults(), cross_to_bi or cross_to_bi_defaults()
     for ph in (bi_to_cross, cross_to_bi):
         relabel(np.zeros(2), ph.relabel)  # fail on a bad mode before any training
     mutual = len(bi_encoders) > 1 if mutual is None else mutual
-    from sentemb_jax import validation as v
 
     sel = "sentemb_jax.trans_encoder"
     v.require_int(cycles, sel, "cycles", 1)
@@ -547,7 +536,5 @@ class _Ensemble:
         self.models = models
 
     def predict(self, pairs):
-        from sentemb_jax.evaluation.pairs import pair_scores
-
         a, b = [p[0] for p in pairs], [p[1] for p in pairs]
         return np.mean([pair_scores(m, a, b) for m in self.models], axis=0)

@@ -42,7 +42,9 @@ def install() -> None:
     plan = planned()
     if plan is None or plan[0] != "in_save":
         return
-    from orbax.checkpoint._src.path import atomicity  # the class whose finalize() renames tmp -> N
+    from orbax.checkpoint._src.path import (
+        atomicity,  # the class whose finalize() renames tmp -> N  # lazy: a private orbax module, only for the test-only fault injection
+    )
 
     cls = atomicity.AtomicRenameTemporaryPath
     if getattr(cls.finalize, "_sentemb_fault", False):

@@ -1,9 +1,9 @@
 """Optimisers (optax) with the schedules the papers use."""
 from __future__ import annotations
 
-import gin
 import optax
 
+import gin
 from sentemb_jax import validation as v
 
 

@@ -14,20 +14,9 @@ import threading
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-
-class Preempted(Exception):
-    """The run stopped on a signal after checkpointing `step` (exit code 128 + signum)."""
-
-    def __init__(self, signum: int, step: int, checkpoint_dir: str):
-        self.signum, self.step = signum, step
-        name = signal.Signals(signum).name
-        super().__init__(f"{name} after step {step}; its checkpoint is in {checkpoint_dir} - "
-                         "run the same command to resume from it")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+from sentemb_jax.errors import Preempted  # noqa: F401 - re-exported
 
 
 class StopSignals:
@@ -58,7 +47,6 @@ class StopSignals:
         """The signal received (by any process of the job), else None."""
         if jax.process_count() == 1:
             return self._signum
-        from jax.experimental import multihost_utils
 
         seen = multihost_utils.process_allgather(np.int32(self._signum or 0))
         return int(np.max(seen)) or None

@@ -13,7 +13,8 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from sentemb_jax import partitioning
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step

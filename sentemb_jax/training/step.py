@@ -16,12 +16,12 @@ from typing import Any
 
 import flax
 import flax.linen as nn
-import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+import gin
 from sentemb_jax.data.packing import packing_inputs
 from sentemb_jax.losses import in_batch_softmax_loss
 

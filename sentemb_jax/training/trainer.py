@@ -23,39 +23,39 @@ import shutil
 import time
 
 import flax.linen as nn
-import gin
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import seqio
 from etils import epath
 from jax.experimental import multihost_utils
+from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
-from sentemb_jax.data.files import default_data_dir, is_remote as _is_remote, read_sts_pairs, source_lines
+import gin
+from sentemb_jax.data.files import default_data_dir, source_lines
+from sentemb_jax.data.files import is_remote as _is_remote
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import RowFileSource, register_tasks
 from sentemb_jax.distributed import is_primary
 from sentemb_jax.encoder import RUN_FILE, SentenceEncoder, transformer_dir_of
-from sentemb_jax.evaluation.sts import evaluate_sts_pairs
+from sentemb_jax.errors import Preempted, TrainingError, UndefinedScoreError
+from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training import faults, run_record
+from sentemb_jax.training.checks import check_train_config, check_train_inputs
 from sentemb_jax.training.optimizers import make_optimizer
-from sentemb_jax.training.preemption import Preempted, StopSignals
+from sentemb_jax.training.preemption import StopSignals
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
 
 log = logging.getLogger(__name__)
 
 TRAIN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # coarse: each shape costs a compile
-
-
-class TrainingError(RuntimeError):
-    """A training run that cannot start or continue (the message says why)."""
 
 
 def _model_ref(init_from: str | None) -> str | None:
@@ -95,13 +95,23 @@ def _check_disk_space(model_dir: str, abstract_state, copies: int) -> None:
 
 
 class ContrastiveMethod:
-    """The train loop's hooks for in-batch softmax training (Sentence-T5, SimCSE): the text sides a
-    batch needs, the batch the step takes, the sharded step and its initial state. Other methods
-    (sentemb_jax.methods.queue_distill.QueueDistillMethod) give the same."""
+    """The train loop's method interface, and its default method: in-batch softmax training
+    (Sentence-T5, SimCSE). A method gives the text sides a batch needs (`sides`), prepares what it
+    needs from the task and the start encoder (`prepare`; e.g. a teacher's cached embeddings), may
+    ask for a projection head on the student (`student_projection`), turns a pipeline batch into
+    the step's batch (`model_batch`), and builds the sharded step and its initial state. Other
+    methods implement the same (sentemb_jax.methods.queue_distill.QueueDistillMethod, made by
+    `QueueDistillConfig.make_method`); the loop never imports them."""
 
     def __init__(self, cfg: ContrastiveConfig):
         self.cfg = cfg
         self.sides = tuple(sides_of(cfg))
+
+    def prepare(self, task_name: str, encoder) -> None:
+        """Nothing to prepare: the contrastive loss needs only the batch."""
+
+    def student_projection(self, width: int) -> int | None:
+        return None
 
     def model_batch(self, batch: dict) -> dict:
         return side_features(batch, self.sides)
@@ -191,18 +201,14 @@ def train(
       what its checkpoints were made with (refused by default, listing the differences;
       sentemb_jax.training.run_record).
     check_only: only check that what the run reads exists (model directories, DATA_DIR, the files
-      of `task`, STS-B dev; sentemb_jax.preflight.check_train_inputs) and return {}: how jobs that
+      of `task`, STS-B dev; sentemb_jax.training.checks.check_train_inputs) and return {}: how jobs that
       run several trains (distill_report, ensemble_distill) check them all before any work.
 
     Several processes: each reads every process_count-th row of the global order (batch_size is
     the global batch), its part of each batch is placed with make_array_from_process_local_data,
     checkpoints are written by all; metrics, TensorBoard and exports by process 0.
     """
-    from sentemb_jax.validation import check_train_config
-
     check_train_config(locals())  # every number / choice (and the optimizer's) in range, before any work: exit 2
-    from sentemb_jax.preflight import check_train_inputs
-
     # Before any work: a missing model directory, DATA_DIR or file of this task is named with its binding.
     check_train_inputs(task, data_dir, init_from, tokenizer_dir, params_from, eval_every, distill)
     if check_only:
@@ -231,14 +237,9 @@ def train(
     names = register_tasks(model_dir=tokenizer_dir, data_dir=data_dir)
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
-    if distill is not None:
-        from sentemb_jax.methods.queue_distill import QueueDistillMethod
-
-        method = QueueDistillMethod(distill, sequence_length, seed)
-        method.prepare(names[task], encoder)
-        encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
-    else:
-        method = ContrastiveMethod(contrastive)
+    method = distill.make_method(sequence_length, seed) if distill is not None else ContrastiveMethod(contrastive)
+    method.prepare(names[task], encoder)
+    encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
     module = encoder.module
     optimizer = make_optimizer()
     mesh = make_mesh()
@@ -460,18 +461,18 @@ def _params_from_run(run_dir: str, restore_target: TrainState):
 
 
 class _StsDevEvaluator:
+    """The run's STS-B dev score of the tower being trained (params gathered to the host)."""
+
     def __init__(self, encoder: SentenceEncoder, data_dir: str):
         self.encoder = encoder
-        self.s1, self.s2, self.gold = read_sts_pairs(os.path.join(data_dir, "stsb", "dev.tsv"), score_range=(0, 5))
+        self.stsb = StsbEvaluator(data_dir, "dev")
 
     def __call__(self, tower_params) -> float:
         """Spearman x 100; NaN, with a warning saying why, when the model gives no ranking (a
         collapsed model: every pair the same score) - a long run goes on and keeps its best."""
-        from sentemb_jax.evaluation.sts import UndefinedScoreError
-
         self.encoder.params = host_params(tower_params)
         try:
-            return evaluate_sts_pairs(self.encoder, self.s1, self.s2, self.gold)["spearman"]
+            return self.stsb(self.encoder)["spearman"]
         except UndefinedScoreError as e:
             log.warning("%s", e)
             return float("nan")
@@ -493,8 +494,6 @@ class _SummaryWriter:
     """TensorBoard event files (tensorboardX) plus one JSON line per logged step."""
 
     def __init__(self, model_dir: str):
-        from tensorboardX import SummaryWriter
-
         self._writer = SummaryWriter(model_path(model_dir, "tensorboard"))  # gs:// works (google-cloud-storage)
         self._lines: list[str] | None = None  # a bucket has no append: the whole file is rewritten
 

@@ -20,13 +20,22 @@ import time
 from typing import Sequence
 
 import gin
-
-from sentemb_jax import preflight
+from sentemb_jax import preflight, validation
 from sentemb_jax.data.files import read_sts_pairs
+from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.errors import DataError, UsageError
 from sentemb_jax.evaluation import geometry, pairs, plots, reranking, sentglue, transfer
 from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.report import results_markdown
-from sentemb_jax.evaluation.sts import AGGREGATIONS, STS_TASKS, TASK_LABELS, evaluate_sts_tasks, sts_task_files
+from sentemb_jax.evaluation.sts import (
+    AGGREGATIONS,
+    STS_TASKS,
+    TASK_LABELS,
+    StsbEvaluator,
+    check_scorable,
+    evaluate_sts_tasks,
+    sts_task_files,
+)
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -36,8 +45,6 @@ STS_BARS_PNG = "sts_tasks.png"
 
 def load_model(model_path: str) -> EmbeddingCache:
     """The model directory as a SentenceEncoder, behind an embedding cache shared by all tasks."""
-    from sentemb_jax.encoder import SentenceEncoder
-
     return EmbeddingCache(SentenceEncoder.from_pretrained(model_path))
 
 
@@ -67,8 +74,6 @@ def check_inputs(job: str, model_path: str | None, data_dir: str | None, **paths
 def check_config(job: str, batch_size, kfold=None, seed=None, tasks=None, known: Sequence[str] = ()) -> None:
     """Before any work: the job's numbers and task names (each task name also names files under
     DATA_DIR, so only known names); a ConfigError names the gin binding and the allowed range."""
-    from sentemb_jax import validation
-
     selector = f"sentemb_jax.{job}"
     validation.check_batch_size(batch_size, selector)
     if kfold is not None:
@@ -132,8 +137,6 @@ def eval_sts(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
              model: EmbeddingCache | None = None) -> dict:
     """7-task STS table + alignment/uniformity on STS-B test; results.json/.md and two PNG plots."""
     if aggregation not in AGGREGATIONS:
-        from sentemb_jax.main import UsageError
-
         raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
     check_config("eval_sts", batch_size)
     check_inputs("eval_sts", model_path if model is None else None, data_dir, sickr_test_path=sickr_test_path)
@@ -261,8 +264,6 @@ def eval_all(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
     An error only when every task of every part is omitted; a part with none of its data is run
     all the same (its tasks are named as omitted in the report)."""
     if aggregation not in AGGREGATIONS:
-        from sentemb_jax.main import UsageError
-
         raise UsageError(f"STS_AGGREGATION must be one of {AGGREGATIONS}, got {aggregation!r}")
     check_config("eval_all", batch_size)
     check_inputs("eval_all", model_path, data_dir, sickr_test_path=sickr_test_path, sicke_test_path=sicke_test_path,
@@ -279,3 +280,29 @@ def eval_all(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED, data
     _eval_transfer(model_path, model_dir, data_dir, transfer.TRANSFER_TASKS, 10, transfer.DEFAULT_SEED, batch_size, model)
     return _eval_sentglue(model_path, model_dir, data_dir, sicke_test_path, sentglue.SENTGLUE_TASKS, 10,
                           transfer.DEFAULT_SEED, batch_size, model)
+
+
+@gin.configurable(module="sentemb_jax")
+def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, split: str = "dev",
+                  batch_size: int = 64, model_dir: str | None = None) -> dict:
+    """Encode an STS-B split with a model directory and print the Spearman score (x 100)."""
+    job = "sentemb_jax.evaluate_stsb"  # before any work: the numbers, the model, DATA_DIR and the split's file
+    validation.check_batch_size(batch_size, job)
+    validation.require_name(split, job, "split", os.path.join(str(data_dir), "stsb"))
+    preflight.require_model_dir(model_path, job, "model_path")
+    preflight.require_dir(data_dir, job, "data_dir")
+    path = os.path.join(data_dir, "stsb", f"{split}.tsv")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file (STS-B split {split!r}; data_dir {preflight.source(job, 'data_dir')})")
+    # An empty split or one gold score for every pair has no correlation: said before the model loads.
+    check_scorable(read_sts_pairs(path, score_range=(0.0, 5.0))[2], f"STS-B {split} ({path})")
+    start = time.time()
+    result = StsbEvaluator(data_dir, split, batch_size)(SentenceEncoder.from_pretrained(model_path))
+    result.update(model=model_path, seconds=round(time.time() - start, 2))
+    print(f"STS-B {split}: spearman={result['spearman']:.2f} pearson={result['pearson']:.2f} "
+          f"({result['pairs']} pairs, {result['seconds']} s)")
+    if model_dir:
+        os.makedirs(model_dir, exist_ok=True)
+        with open(os.path.join(model_dir, "results.json"), "w") as f:
+            json.dump(result, f, indent=2)
+    return result

@@ -1,0 +1,72 @@
+"""One error hierarchy for the whole package (the bottom layer: it imports nothing of ours).
+
+Every error we raise on purpose is a `SentembError`; `exit_code` is what the command line
+(`sentemb_jax.main`) exits with: 2 for a bad command line or configuration (nothing ran), 1 for
+a bad input found by the job (a data file, a checkpoint, a model directory), 128 + signal for a
+run stopped by SIGTERM / Ctrl-C after checkpointing. The classes keep their historical Python
+bases (ValueError / RuntimeError), so code that caught those still catches them.
+"""
+from __future__ import annotations
+
+import signal
+
+
+class SentembError(Exception):
+    """Base of every error sentemb_jax raises on purpose (the message says what and where)."""
+
+    exit_code = 1
+
+
+class UsageError(SentembError):
+    """Bad command line or gin configuration: an unknown binding, a syntax error, a missing value."""
+
+    exit_code = 2
+
+
+class ConfigError(SentembError, ValueError):
+    """A configured number, choice or path outside what it allows."""
+
+    exit_code = 2
+
+
+class DataError(SentembError, ValueError):
+    """A data file that is missing or malformed; the message names the file and line."""
+
+
+class CheckpointError(SentembError, ValueError):
+    """A checkpoint that cannot be loaded or saved; the message names the file and tensors."""
+
+
+class TokenizerError(SentembError, ValueError):
+    """A tokenizer directory that cannot be loaded, or input that cannot be tokenised."""
+
+
+class InvalidTextError(SentembError, ValueError):
+    """A text that cannot be tokenised (not valid Unicode); the message names the item."""
+
+
+class VocabularyError(SentembError, ValueError):
+    """A model directory whose vocabulary cannot be used in the TF input pipeline."""
+
+
+class UndefinedScoreError(SentembError, ValueError):
+    """A correlation that is not defined (an empty split, constant gold scores, constant or NaN
+    model scores): said with the reason instead of reporting `nan`."""
+
+
+class TrainingError(SentembError, RuntimeError):
+    """A training run that cannot start or continue (the message says why)."""
+
+
+class Preempted(SentembError):
+    """The run stopped on a signal after checkpointing `step` (exit code 128 + signum)."""
+
+    def __init__(self, signum: int, step: int, checkpoint_dir: str):
+        self.signum, self.step = signum, step
+        name = signal.Signals(signum).name
+        super().__init__(f"{name} after step {step}; its checkpoint is in {checkpoint_dir} - "
+                         "run the same command to resume from it")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

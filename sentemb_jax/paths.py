@@ -1,0 +1,24 @@
+"""Where things are: remote (bucket) paths, the default data directory."""
+from __future__ import annotations
+
+import os
+
+DATA_DIR_ENV = "SENTEMB_DATA_DIR"
+
+
+def is_remote(path: str) -> bool:
+    """gs://, s3://, ...: read and written through etils.epath / tf.io.gfile, not os (orbax does the same)."""
+    return "://" in path
+
+
+def default_data_dir() -> str:
+    """$SENTEMB_DATA_DIR, else ../shared/data next to the repository (or the current directory)."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return env
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for base in (repo, os.getcwd()):
+        candidate = os.path.normpath(os.path.join(base, "..", "shared", "data"))
+        if os.path.isdir(candidate):
+            return candidate
+    return os.path.normpath(os.path.join(repo, "..", "shared", "data"))

@@ -1,0 +1,201 @@
+"""The package's import structure (docs/ARCHITECTURE.md): no import cycle, imports inside functions
+included; each layer imports only layers below it; the few imports inside functions say why."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+import pytest
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sentemb_jax")
+
+# The layers, bottom first (docs/ARCHITECTURE.md). A module may import its own layer and the ones
+# below; a package's __init__ belongs to the layer of its modules.
+LAYERS = [
+    ("errors", ["sentemb_jax.errors"]),
+    ("config checks", ["sentemb_jax.paths", "sentemb_jax.validation", "sentemb_jax.preflight"]),
+    ("core", ["sentemb_jax.pooling", "sentemb_jax.losses", "sentemb_jax.partitioning", "sentemb_jax.distributed"]),
+    ("models", ["sentemb_jax.models"]),
+    ("io", ["sentemb_jax.checkpoints", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
+            "sentemb_jax.hub"]),
+    ("data", ["sentemb_jax.data"]),
+    ("inference", ["sentemb_jax.encoder", "sentemb_jax.cross_encoder", "sentemb_jax.export",
+                   "sentemb_jax.ensemble_encoder"]),
+    ("evaluation", ["sentemb_jax.evaluation"]),
+    ("training", ["sentemb_jax.training"]),
+    ("methods", ["sentemb_jax.methods"]),
+    ("jobs", ["sentemb_jax.jobs"]),
+    ("command line", ["sentemb_jax.main", "sentemb_jax.console"]),
+    ("tools", ["sentemb_jax.benchmarks", "sentemb_jax.experiments"]),
+]
+# Imports inside a function are allowed only with a reason on the line (`# lazy: why`) - an
+# optional heavy dependency, or what the command line must import only after the console has
+# taken over stderr - and only this many in the package.
+MAX_LAZY_IMPORTS = 40
+LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    for dirpath, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                rel = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__")] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _target(name: str) -> str | None:
+    """The sentemb_jax module an imported dotted name lives in (None: not ours)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(module: str, path: str):
+    """(line, target module, inside a function, source line) for each import of a sentemb_jax module."""
+    source = open(path, encoding="utf-8").read()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    in_function = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            in_function.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        targets = {_target(n) for n in names if n.startswith("sentemb_jax")} - {None, module}
+        # `from sentemb_jax.x import y` names x.y first: keep the deepest module only.
+        targets = {t for t in targets if not any(o != t and o.startswith(t + ".") for o in targets)}
+        for t in targets:
+            yield node.lineno, t, id(node) in in_function, lines[node.lineno - 1]
+    for node in ast.walk(tree):  # function-level imports of anything (third-party too) for the count
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) in in_function:
+            yield node.lineno, None, True, " ".join(lines[node.lineno - 1:node.end_lineno])
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {m: set() for m in MODULES}
+    for m, path in MODULES.items():
+        for _, target, _, _ in _imports(m, path):
+            if target:
+                graph[m].add(target)
+        # Importing a.b.c runs a/__init__ and a/b/__init__ first: a real edge, unless the package
+        # is the module's own (a package's __init__ re-exporting its modules is its facade).
+        parts = m.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent in MODULES and parent != "sentemb_jax" and not m.startswith(parent + "."):
+                graph[m].add(parent)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), facade edges dropped."""
+    def facade(a, b):  # a package importing its own submodule, and that submodule's edge back
+        return b.startswith(a + ".") or a.startswith(b + ".")
+
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if facade(v, w):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _layer(module: str) -> int:
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    if module == "sentemb_jax":
+        return len(LAYERS)  # the package facade: loads its exports lazily, on first use
+    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py LAYERS (add it there and to "
+                         "docs/ARCHITECTURE.md)")
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        _layer(m)
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    assert _cycles(_graph()) == []
+
+
+def test_layers_only_import_downwards():
+    wrong = []
+    for m, path in MODULES.items():
+        if m == "sentemb_jax":
+            continue
+        for line, target, _, text in _imports(m, path):
+            if target and target != "sentemb_jax" and _layer(target) > _layer(m):
+                wrong.append(f"{path}:{line}: {LAYERS[_layer(m)][0]} imports {LAYERS[_layer(target)][0]}: {text.strip()}")
+    assert wrong == []
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    lazy = [(path, line, text) for m, path in MODULES.items() for line, target, inside, text in _imports(m, path)
+            if inside and target is None]
+    unexplained = [f"{os.path.relpath(p, PACKAGE)}:{n}: {t.strip()}" for p, n, t in lazy if not LAZY_REASON.search(t)]
+    assert unexplained == []
+    assert len(lazy) <= MAX_LAZY_IMPORTS
+
+
+def test_the_checker_sees_a_cycle_through_a_function_level_import(tmp_path):
+    """The checks above would pass vacuously if the walker missed imports inside functions."""
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from sentemb_jax.main import run  # lazy: test\n")
+    found = list(_imports("sentemb_jax.errors", str(a)))
+    assert ("sentemb_jax.main", True) in {(t, inside) for _, t, inside, _ in found}
+    graph = {"x": {"y"}, "y": {"x"}, "z": set()}
+    assert _cycles(graph) == [["x", "y"]]
+
+
+@pytest.mark.parametrize("module", ["sentemb_jax.data.files", "sentemb_jax.evaluation.sts", "sentemb_jax.errors"])
+def test_low_layers_do_not_load_the_models(module):
+    """`import sentemb_jax.data.files` does not load Flax models (the package facade is lazy)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print('sentemb_jax.models' in sys.modules, 'sentemb_jax.encoder' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
