@@ -22,6 +22,7 @@ run: $(STAMP)
 	$(PY) -m sentemb_jax.main --gin_file=gin/runs/default.gin
 
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q --durations=15 tests
 
 clean:

@@ -31,6 +31,8 @@ TEST_REQUIRES = [
     "sentence-transformers==6.2.0",
     "pytest==9.2.0",
     "hypothesis==6.170.15",
+    # The linter the test command runs first (ruff.toml).
+    "ruff==0.17.6",
     # The TPU compiler without a TPU (tests/test_tpu_compile.py, sentemb_jax.benchmarks.tpu_compile):
     # the libtpu jax[tpu]==0.10.2 pins (0.0.42.*). On a CPU host sentemb_jax keeps jax on the CPU.
     "libtpu==0.0.42.1",

@@ -26,8 +26,10 @@ import sys
 import tempfile
 import warnings
 
+from sentemb_jax.run_dir import RUN_LOG
+
 OURS = "sentemb_jax"
-LOG_NAME = "run.log"
+LOG_NAME = RUN_LOG
 _FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 

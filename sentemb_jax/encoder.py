@@ -27,6 +27,7 @@ from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
+from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
 from sentemb_jax.validation import ConfigError, is_under
 
@@ -72,7 +73,6 @@ class _Layout:
     lowercase: bool = False
 
 
-RUN_FILE = "encoder.json"  # in a training run's MODEL_DIR: how to rebuild its tower (SentenceEncoder.from_run)
 
 
 def transformer_dir_of(path: str) -> str:
@@ -231,7 +231,7 @@ class SentenceEncoder:
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: no such model directory")
-        if os.path.isfile(os.path.join(path, RUN_FILE)):
+        if os.path.isfile(os.path.join(path, ENCODER_JSON)):
             return cls.from_run(path, max_seq_length=max_seq_length)
         layout = _read_layout(path)
         if dtype is not None:
@@ -265,7 +265,7 @@ class SentenceEncoder:
         """The tower of a training run (its MODEL_DIR): the best checkpoint by STS-B dev
         (`which='best'`, falling back to the latest) or the latest one, on the architecture the
         run recorded in MODEL_DIR/encoder.json (the model it started from, layers kept, head)."""
-        arch = _read_json(os.path.join(run_dir, RUN_FILE))
+        arch = _read_json(os.path.join(run_dir, ENCODER_JSON))
         if not arch.get("init_from"):
             raise CheckpointError(f"{run_dir}: a run trained from scratch records no model directory to rebuild its "
                                   "tower from; export it with train.export_dir (a sentence-transformers directory)")
@@ -278,7 +278,7 @@ class SentenceEncoder:
                                           projection_activation=arch.get("projection_activation"))
             encoder = cls(module, None, encoder.tokenizer, encoder.hf_config)
         restored, damaged = None, []
-        for kind in ("best", "checkpoints") if which == "best" else ("checkpoints",):
+        for kind in (BEST, CHECKPOINTS) if which == "best" else (CHECKPOINTS,):
             manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), kind),
                                             item_handlers={"state": ocp.StandardCheckpointHandler()})
             for step in sorted(manager.all_steps(), reverse=True):  # a damaged newest one: the one before
@@ -298,7 +298,7 @@ class SentenceEncoder:
         if encoder.params is not None:
             want = jax.tree_util.tree_structure(encoder.params)
             if jax.tree_util.tree_structure(tower) != want:
-                raise CheckpointError(f"{run_dir}/{kind}/{step}: its tower does not match the architecture in {RUN_FILE}")
+                raise CheckpointError(f"{run_dir}/{kind}/{step}: its tower does not match the architecture in {ENCODER_JSON}")
         encoder.params = jax.tree_util.tree_map(np.asarray, tower)
         log.info("tower of %s: %s step %d", run_dir, kind, step)
         return encoder

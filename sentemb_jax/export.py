@@ -20,6 +20,8 @@ import os
 
 import jax
 import numpy as np
+import tensorflow as tf
+from jax.experimental import jax2tf
 
 from sentemb_jax import validation
 from sentemb_jax.data.vocab import tokenizer_spec_for
@@ -39,12 +41,10 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     written to a temporary directory beside it and renamed into place: no mix of two exports."""
     validation.require_int(max_length, "sentemb_jax.export_savedmodel", "max_length", 1, allow_none=True,
                            none_means=" (the model's own)")
-    import tensorflow as tf  # lazy: TensorFlow loads in seconds and only the export / TF pipeline paths need it here
 
     if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
         raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
                          "to replace it")
-    from jax.experimental import jax2tf  # lazy: needs TensorFlow
 
     encoder = SentenceEncoder.from_pretrained(model_path, pooling=pooling, max_seq_length=max_length)
     spec = tokenizer_spec_for(transformer_dir_of(model_path))
@@ -98,8 +98,6 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
 
 def _replace_dir(staging: str, out_dir: str) -> None:
     """Move a finished export into place; an earlier one is moved aside first and deleted after."""
-    import tensorflow as tf  # lazy: TensorFlow loads in seconds and only the export / TF pipeline paths need it here
-
     aside = None
     if tf.io.gfile.exists(out_dir):
         aside = f"{out_dir.rstrip('/')}.old-{os.getpid()}"

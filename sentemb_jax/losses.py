@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sentemb_jax.pooling import l2_normalize
+
 Array = jax.Array
 _MASKED = -1e9  # finite, so masked entries times a zero target stay zero (not nan)
 
@@ -132,9 +134,8 @@ def ensemble_distillation_loss(student: Array, teacher: Array, weight: float = 0
     """
     s = student.astype(jnp.float32)
     t = jax.lax.stop_gradient(teacher.astype(jnp.float32))
-    sn = s / jnp.linalg.norm(s, axis=-1, keepdims=True)
-    tn = t / jnp.linalg.norm(t, axis=-1, keepdims=True)
-    logits = sn @ tn.T / temperature
+    tn = l2_normalize(t)
+    logits = l2_normalize(s) @ tn.T / temperature
     info_nce = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, jnp.arange(s.shape[0])))
     elementwise = {"mae": lambda: jnp.abs(s - t), "mse": lambda: jnp.square(s - t),
                    "smooth_l1": lambda: optax.huber_loss(s, t, delta=1.0)}

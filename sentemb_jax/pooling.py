@@ -9,6 +9,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -65,9 +66,16 @@ def top2_average_pooling(hidden_states: Sequence[Array], mask: Array) -> Array:
 
 
 def l2_normalize(x: Array, eps: float = 1e-12) -> Array:
-    """Unit-length rows in float32 (torch.nn.functional.normalize semantics)."""
+    """Unit-length rows in float32 (torch.nn.functional.normalize semantics): x / max(||x||, eps).
+    The package's one normaliser; `l2_normalize_host` is the same formula on numpy arrays."""
     x = x.astype(jnp.float32)
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def l2_normalize_host(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """`l2_normalize` on the host, in numpy and in x's own dtype (float64 for scoring, float32 for
+    queues): evaluation and ensembles normalise without a trip through XLA."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
 # Pooling modes over the last hidden state, by name (sentence-transformers names accepted too).

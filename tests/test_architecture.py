@@ -32,7 +32,7 @@ LAYERS = [
 # Imports inside a function are allowed only with a reason on the line (`# lazy: why`) - an
 # optional heavy dependency, or what the command line must import only after the console has
 # taken over stderr - and only this many in the package.
-MAX_LAZY_IMPORTS = 40
+MAX_LAZY_IMPORTS = 12
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 

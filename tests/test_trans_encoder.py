@@ -9,6 +9,7 @@ from hf_models import make_minilm_shaped_bert
 from scipy import stats
 
 from sentemb_jax.data.files import DataError
+from sentemb_jax.jobs.trans_encoder import trans_encoder as trans_encoder_job
 from sentemb_jax.methods import trans_encoder as te
 
 
@@ -91,7 +92,7 @@ def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, mini
               bi_to_cross=te.DistillPhase(learning_rate=1e-3, batch_size=32, epochs=3, max_length=48, relabel="minmax"),
               cross_to_bi=te.DistillPhase(learning_rate=1e-3, batch_size=64, epochs=2, max_length=32, loss="mse"),
               checkpoint_every=5)
-    results = te.trans_encoder(**kw)
+    results = trans_encoder_job(**kw)
     assert results["pairs"] == 199 and results["mutual"] is True  # rows 1-200 of STS-B train hold one duplicate pair
     cycle = results["cycles"][0]
     # Mutual: both models learnt the same labels, with the spread of real cosines.
@@ -121,14 +122,14 @@ def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, mini
     assert CrossEncoder.from_pretrained(str(tmp_path / "run" / "model_0" / "cross_best")).predict(pairs[:2]).shape == (2,)
     assert SentenceEncoder.from_pretrained(str(tmp_path / "run" / "model_1" / "bi_best")).encode(["a"]).shape == (1, 32)
     # A rerun finds every phase finished in its checkpoints: same numbers, no training.
-    again = te.trans_encoder(**kw)
+    again = trans_encoder_job(**kw)
     assert json.dumps(again["cycles"][0]["models"], sort_keys=True) == json.dumps(cycle["models"], sort_keys=True)
 
 
 def test_bad_settings_fail_before_training(tmp_path, minilm_dir):
     dev = te.EvalSet("d", "x.tsv")
     with pytest.raises(ValueError, match="schedule 'cyclic'"):
-        te.trans_encoder(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev, schedule="cyclic")
+        trans_encoder_job(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev, schedule="cyclic")
     with pytest.raises(ValueError, match="relabel mode 'zscore'"):
-        te.trans_encoder(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev,
+        trans_encoder_job(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev,
                          bi_to_cross=te.DistillPhase(relabel="zscore"))

@@ -16,6 +16,9 @@ import os
 import statistics
 import time
 
+import torch
+from sentence_transformers import SentenceTransformer
+
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.hub import packaged_minilm_path
@@ -28,9 +31,6 @@ def _load_sentences(data_dir: str | None) -> list[str]:
 
 def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, conn) -> None:
     if kind == "sentence_transformers":
-        import torch  # lazy: optional: only for pickle (.bin) checkpoints the user explicitly allows, and parity checks
-        from sentence_transformers import SentenceTransformer  # lazy: optional
-
         torch.set_num_threads(threads)
         model = SentenceTransformer(model_dir, device="cpu")
     else:

@@ -18,6 +18,8 @@ import time
 import jax
 import numpy as np
 import optax
+import torch
+from sentence_transformers import SentenceTransformer, losses
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
@@ -39,9 +41,6 @@ def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
 def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, pack: bool, conn) -> None:
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
-        import torch  # lazy: optional: only for pickle (.bin) checkpoints the user explicitly allows, and parity checks
-        from sentence_transformers import SentenceTransformer, losses  # lazy: optional
-
         torch.set_num_threads(threads)
         model = SentenceTransformer(model_dir, device="cpu")
         model.max_seq_length = 64

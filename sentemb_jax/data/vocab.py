@@ -15,6 +15,7 @@ from typing import Sequence
 
 import seqio
 import tensorflow as tf
+import tensorflow_text as tf_text
 
 from sentemb_jax.errors import VocabularyError  # noqa: F401 - re-exported
 
@@ -168,8 +169,6 @@ class WordPieceVocabulary(seqio.Vocabulary):
                  added_tokens: dict[str, int] | None = None):
         """added_tokens: strings matched in the raw text before normalisation, with their ids (HF's
         added tokens, normalized=False); default: the special tokens of the vocabulary ([MASK] too)."""
-        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
-
         if not os.path.isfile(vocab_file):
             raise VocabularyError(f"{vocab_file}: no such vocabulary file")
         with open(vocab_file, encoding="utf-8") as f:
@@ -231,8 +230,6 @@ class WordPieceVocabulary(seqio.Vocabulary):
     def _with_added_tokens_tf(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Step 1: [texts, segments], an added token being a segment of its own (its id), the text
         between them tokenised on its own."""
-        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
-
         # regex_split stops at U+0000; clean_text drops it and U+FFFD alike, so swap first.
         texts = tf.strings.regex_replace(texts, r"\x00", "\uFFFD")
         segments = tf_text.regex_split(texts, self._added_re, self._added_re)
@@ -258,8 +255,6 @@ class WordPieceVocabulary(seqio.Vocabulary):
         tensorflow_text's own lower_case path applies ICU NFKC case folding, which differs from
         HF on compatibility characters (e.g. U+00B4) and final sigma, so normalise here instead.
         """
-        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
-
         s = tf.strings.regex_replace(s, _HF_CONTROL, "")
         s = tf.strings.regex_replace(s, _HF_WHITESPACE, " ")
         s = tf.strings.regex_replace(s, _HF_CJK_RE, r" \0 ")
@@ -272,8 +267,6 @@ class WordPieceVocabulary(seqio.Vocabulary):
 
     def pretokenize_tf(self, s: tf.Tensor) -> tf.RaggedTensor:
         """HF's BertPreTokenizer (step 5) on normalised text: ragged [..., words]."""
-        import tensorflow_text as tf_text  # lazy: registers TF ops on import; only BERT-family in-graph WordPiece needs it
-
         return tf_text.regex_split(s, f" |{_HF_PUNCTUATION}", _HF_PUNCTUATION)
 
     def _encode(self, s: str) -> Sequence[int]:

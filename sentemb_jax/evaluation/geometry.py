@@ -13,13 +13,13 @@ from scipy.spatial.distance import pdist
 from scipy.special import logsumexp
 
 from sentemb_jax.evaluation.encoding import EmbeddingCache
+from sentemb_jax.pooling import l2_normalize_host
 
 POSITIVE_THRESHOLD = 4.0
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return l2_normalize_host(np.asarray(x, np.float64))
 
 
 def alignment(x: np.ndarray, y: np.ndarray, alpha: float = 2.0) -> float:

@@ -26,6 +26,7 @@ from scipy import stats
 from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.errors import UndefinedScoreError  # noqa: F401 - re-exported
 from sentemb_jax.evaluation.encoding import EmbeddingCache, encode_sentences
+from sentemb_jax.pooling import l2_normalize_host
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 # Subsets as in SentEval (STS13 without SMT, which is not redistributable).
@@ -57,9 +58,7 @@ def cosine_scores(model, sentences1: list[str], sentences2: list[str], batch_siz
     table = unique_encode(model, list(sentences1) + list(sentences2), batch_size)
     a = np.stack([table[s] for s in sentences1]).astype(np.float64)
     b = np.stack([table[s] for s in sentences2]).astype(np.float64)
-    a /= np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b /= np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return np.sum(a * b, axis=1)
+    return np.sum(l2_normalize_host(a) * l2_normalize_host(b), axis=1)
 
 
 def check_scorable(gold, name: str = "scores") -> None:

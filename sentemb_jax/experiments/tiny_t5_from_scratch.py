@@ -23,7 +23,11 @@ import subprocess
 import sys
 import tempfile
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
+import sentencepiece as spm
+import transformers
 
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 
@@ -33,9 +37,6 @@ RUNS = {"encoder_mean": "gin/runs/tiny_t5_scratch.gin", "encdec_first": "gin/run
 
 def train_tokenizer(out_dir: str, data_dir: str, vocab_size: int = 8192) -> str:
     """SentencePiece (unigram) on the NLI + wiki sentences; a directory AutoTokenizer and seqio load."""
-    import sentencepiece as spm  # lazy: only T5 tokenizers need it
-    import transformers  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
-
     model = os.path.join(out_dir, "spiece.model")
     if os.path.isfile(model):
         return out_dir
@@ -140,10 +141,7 @@ def main(argv=None) -> None:
 
 
 def _plot(curves: dict, path: str) -> None:
-    import matplotlib  # lazy: only the plotting paths need it
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: only the plotting paths need it
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, curve in curves.items():

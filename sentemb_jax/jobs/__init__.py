@@ -2,7 +2,7 @@
 per kind; importing this package registers all of them with gin (and what they configure).
 
     train                  sentemb_jax.training.trainer   the train loop: contrastive, ConGen / SCT, ensemble student
-    trans_encoder          sentemb_jax.methods.trans_encoder   bi <-> cross self- / mutual distillation
+    trans_encoder          jobs/trans_encoder.py   bi <-> cross self- / mutual distillation
     distill_report         jobs/distill.py     distil, then the STS table of teacher, student before / after
     ensemble_distill       jobs/distill.py     submodels, their ensemble, its distilled student
     eval_sts / eval_pairs / eval_transfer / eval_sentglue / eval_reranking / eval_all / evaluate_stsb
@@ -14,8 +14,8 @@ per kind; importing this package registers all of them with gin (and what they c
 import gin
 from sentemb_jax import distributed, hub  # noqa: F401 - their gin configurables (initialize_distributed, packaged_minilm_path)
 from sentemb_jax.export import export_savedmodel
-from sentemb_jax.jobs import compose, data, distill, evaluate  # noqa: F401 - registers their jobs
-from sentemb_jax.methods import queue_distill, trans_encoder  # noqa: F401 - QueueDistillConfig (train.distill); the trans_encoder job
+from sentemb_jax.jobs import compose, data, distill, evaluate, trans_encoder  # noqa: F401 - registers their jobs
+from sentemb_jax.methods import queue_distill, triplet  # noqa: F401 - QueueDistillConfig (train.distill), triplet_margin_loss
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.training import trainer  # noqa: F401 - the train job
 

@@ -24,6 +24,7 @@ from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS, StsbEvaluator
 from sentemb_jax.jobs.evaluate import check_inputs, sts_inputs, sts_scores
 from sentemb_jax.methods.ensemble import STUDENT_INITS, WEIGHTINGS, EnsembleEncoder, average_submodels, ensemble_weights
 from sentemb_jax.paths import default_data_dir
+from sentemb_jax.run_dir import METRICS_JSONL, RESULTS_JSON, RESULTS_MD
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
     rows["student after"] = scored("student_after", lambda: SentenceEncoder.from_pretrained(student_dir))
     labels = {**TASK_LABELS, "avg": "Avg"}
     table = sts_rows_table(rows)
-    with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    with open(os.path.join(model_dir, METRICS_JSONL)) as f:
         history = [json.loads(line) for line in f]  # also right when a rerun found the training done
     curve = [c for c in history if "stsb_dev_spearman" in c]
     best = max(curve, key=lambda c: c["stsb_dev_spearman"]) if curve else {}
@@ -66,7 +67,7 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
             f"({history[-1]['train_seconds'] / 60:.1f} min of training); best STS-B dev "
             f"{best.get('stsb_dev_spearman', float('nan')):.2f} at step {best.get('step')}. STS: Spearman x 100.")
     print("\n" + table + "\n\n" + note)
-    with open(os.path.join(model_dir, "results.md"), "w") as f:
+    with open(os.path.join(model_dir, RESULTS_MD), "w") as f:
         f.write(table + "\n\n" + note + "\n")
     shown = [t for t in (*STS_TASKS, "avg") if all(r.get(t) is not None for r in rows.values())]  # no SICK-R test here
     plots.plot_grouped_bars({n: {labels.get(t, t): r[t] for t in shown} for n, r in rows.items()},
@@ -143,9 +144,9 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     table = sts_rows_table(rows)
     summary = {"submodel_dev": dev, "ensemble_dev": ensemble_dev, "student_dev": student_dev, "weights": weights.tolist(),
                "weighting": weighting, "student_init": init.get("init_from", "start"), "rows": rows}
-    with open(os.path.join(model_dir, "results.json"), "w") as f:
+    with open(os.path.join(model_dir, RESULTS_JSON), "w") as f:
         json.dump(summary, f, indent=1)
-    with open(os.path.join(model_dir, "results.md"), "w") as f:
+    with open(os.path.join(model_dir, RESULTS_MD), "w") as f:
         student_text = "-" if student_dev is None else f"{student_dev:.2f}"
         f.write(f"# Ensemble distillation\n\nSTS-B dev: submodels {np.round(dev, 2).tolist()}, ensemble {ensemble_dev:.2f}, "
                 f"student {student_text}; weights ({weighting}): {np.round(weights, 4).tolist()}\n\n{table}\n")

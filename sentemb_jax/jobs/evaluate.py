@@ -36,9 +36,8 @@ from sentemb_jax.evaluation.sts import (
     evaluate_sts_tasks,
     sts_task_files,
 )
+from sentemb_jax.run_dir import RESULTS_JSON, RESULTS_MD
 
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
 STSB_SCATTER_PNG = "stsb_test_gold_vs_cosine.png"
 STS_BARS_PNG = "sts_tasks.png"
 
@@ -303,6 +302,6 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
           f"({result['pairs']} pairs, {result['seconds']} s)")
     if model_dir:
         os.makedirs(model_dir, exist_ok=True)
-        with open(os.path.join(model_dir, "results.json"), "w") as f:
+        with open(os.path.join(model_dir, RESULTS_JSON), "w") as f:
             json.dump(result, f, indent=2)
     return result

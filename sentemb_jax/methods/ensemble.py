@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.pooling import l2_normalize_host
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class EnsembleEncoder:
                           show_progress_bar=show_progress_bar) for e in self.encoders]
         out = np.tensordot(self.weights.astype(np.float32), np.stack(parts), axes=1).astype(np.float32)
         if normalize:
-            out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+            out = l2_normalize_host(out)
         return out[0] if single else out
 
 

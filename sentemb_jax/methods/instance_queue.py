@@ -15,6 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from sentemb_jax.pooling import l2_normalize_host
+
 Array = jax.Array
 SHARD_MIN_ENTRIES = 65_536  # smaller queues are replicated: their scatter is cheaper than the collectives
 
@@ -36,7 +38,7 @@ def new_queue(values) -> InstanceQueue:
 def random_unit_rows(rng: np.random.Generator, size: int, dim: int) -> np.ndarray:
     """SCT's initial queue: `size` random directions (Gaussian rows, L2-normalised)."""
     x = rng.standard_normal((size, dim)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    return l2_normalize_host(x)
 
 
 def enqueue(queue: InstanceQueue, rows: Array) -> InstanceQueue:

@@ -38,7 +38,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -47,11 +46,11 @@ from sentemb_jax import losses, partitioning
 from sentemb_jax import validation as v
 from sentemb_jax.data.tasks import sentence_texts, sentence_views, view_texts
 from sentemb_jax.encoder import SentenceEncoder
-from sentemb_jax.methods import instance_queue as iq
+from sentemb_jax.methods import instance_queue
 from sentemb_jax.methods.ensemble import EnsembleEncoder
 from sentemb_jax.pooling import l2_normalize
 from sentemb_jax.training import sharded
-from sentemb_jax.training.step import embed_packed, embed_side, side_features
+from sentemb_jax.training.step import apply_gradients, embed_packed, embed_side, side_features
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -84,7 +83,7 @@ class QueueDistillConfig:
     # SCT's reference = the student's own weights under stop-gradient: True takes the online
     # forward's outputs (dropout on, no extra pass); False a separate pass with dropout off.
     reference_dropout: bool = True
-    shard_queue_min_entries: int = iq.SHARD_MIN_ENTRIES
+    shard_queue_min_entries: int = instance_queue.SHARD_MIN_ENTRIES
     cache_dir: str | None = None  # teacher embeddings (default ~/.cache/sentemb_jax/teacher_embeddings)
     teacher_batch_size: int = 128
     # method 'ensemble' (sentemb_jax.methods.ensemble): lambda InfoNCE(tau) + (1 - lambda) regression.
@@ -190,7 +189,7 @@ def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, t
         return losses.congen_loss(teacher[0], z1, z2, queues[0].values, cfg.teacher_temperature,
                                   cfg.student_temperature, cfg.alpha)
     if m == "ckd":
-        return losses.contrastive_distillation_loss(iq.slots_of_last(queues[0], z1.shape[0]), z1, queues[0].values,
+        return losses.contrastive_distillation_loss(instance_queue.slots_of_last(queues[0], z1.shape[0]), z1, queues[0].values,
                                                     cfg.student_temperature)
     if m == "ensemble":
         return losses.ensemble_distillation_loss(z1, teacher[0], cfg.ensemble_infonce_weight, cfg.ensemble_temperature,
@@ -233,22 +232,19 @@ def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Mod
         e1, e2 = embedded[0], (embedded[1] if len(embedded) > 1 else None)
         queues, reference = state.queues, None
         if cfg.method in _TEACHER_QUEUE:
-            queues = (iq.enqueue(queues[0], teacher[0]),)
+            queues = (instance_queue.enqueue(queues[0], teacher[0]),)
         if cfg.method in _SCT:
             # References: the student's own encoder outputs (identical weights), no gradient.
             reference = (e1, e2) if cfg.reference_dropout else _embed(module, params["tower"], batch, rng, deterministic=True)
             reference = tuple(jax.lax.stop_gradient(norm(r)) for r in reference)
             source = teacher if cfg.method == "sct_distill" else reference
-            queues = (iq.enqueue(queues[0], source[0]), iq.enqueue(queues[1], source[1]))
+            queues = (instance_queue.enqueue(queues[0], source[0]), instance_queue.enqueue(queues[1], source[1]))
             e1 = l2_normalize(projector.apply({"params": params["projector"]}, e1))
             e2 = l2_normalize(projector.apply({"params": params["projector"]}, e2))
         return distill_loss(cfg, e1, e2, queues, teacher, reference), queues
 
     (loss, queues), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state, queues=queues), metrics
+    return apply_gradients(state.replace(queues=queues), loss, grads, optimizer)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -385,8 +381,8 @@ class QueueDistillMethod:
                 pick = rng.choice(len(rows), cfg.queue_size, replace=cfg.queue_size > len(rows))
                 values = rows[pick]
             else:
-                values = iq.random_unit_rows(rng, cfg.queue_size, dim)
-            out.append(iq.new_queue(values))
+                values = instance_queue.random_unit_rows(rng, cfg.queue_size, dim)
+            out.append(instance_queue.new_queue(values))
         return tuple(out)
 
     def build_step(self, module: nn.Module, optimizer, mesh: Mesh, example: dict, rules=partitioning.LOGICAL_AXIS_RULES,
@@ -405,10 +401,10 @@ class QueueDistillMethod:
             param_shardings["projector"] = jax.tree_util.tree_map(lambda _: replicated, proj)
         abstract_opt, opt_shardings = sharded.optimizer_shardings(optimizer, abstract_params, param_shardings, mesh)
         queue_dim = self.teacher_rows.shape[1] if self.teacher_rows is not None else dim
-        abstract_queues = tuple(iq.InstanceQueue(values=jax.ShapeDtypeStruct((cfg.queue_size, queue_dim), jnp.float32),
+        abstract_queues = tuple(instance_queue.InstanceQueue(values=jax.ShapeDtypeStruct((cfg.queue_size, queue_dim), jnp.float32),
                                                  pointer=jax.ShapeDtypeStruct((), jnp.int32))
                                 for _ in range(cfg.queue_count))
-        queue_shardings = tuple(iq.queue_sharding(mesh, cfg.queue_size, cfg.shard_queue_min_entries)
+        queue_shardings = tuple(instance_queue.queue_sharding(mesh, cfg.queue_size, cfg.shard_queue_min_entries)
                                 for _ in range(cfg.queue_count))
         teacher_module, abstract_teacher, teacher_shardings = None, None, None
         if self.online_teacher:

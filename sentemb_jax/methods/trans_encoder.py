@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import math
 import os
 import time
 from typing import Callable, Sequence
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,18 +30,16 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 import gin
-from sentemb_jax import preflight
 from sentemb_jax import validation as v
-from sentemb_jax.cross_encoder import CrossEncoder
-from sentemb_jax.data.files import DataError, default_data_dir, iter_tsv, read_sts_pairs
-from sentemb_jax.data.packing import pack_batch, packing_inputs
-from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.data.files import DataError, iter_tsv, read_sts_pairs
+from sentemb_jax.data.packing import packing_inputs
 from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
 from sentemb_jax.evaluation.readers import read_labelled_pairs
-from sentemb_jax.evaluation.sts import correlations, cosine_scores
-from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.evaluation.sts import correlations
+from sentemb_jax.pooling import l2_normalize
+from sentemb_jax.run_dir import CHECKPOINTS, run_path
 from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
-from sentemb_jax.training.step import embed_packed
+from sentemb_jax.training.step import TrainState, apply_gradients, embed_packed
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -55,11 +51,7 @@ RELABEL_MODES = ("none", "minmax", "standardize")
 
 def bi_encoder_scores(emb1: Array, emb2: Array) -> Array:
     """Cosine similarity of paired rows [n, d] x [n, d] -> [n] (float32)."""
-    a = emb1.astype(jnp.float32)
-    b = emb2.astype(jnp.float32)
-    a = a / jnp.maximum(jnp.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
-    b = b / jnp.maximum(jnp.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
-    return jnp.sum(a * b, axis=-1)
+    return jnp.sum(l2_normalize(emb1) * l2_normalize(emb2), axis=-1)
 
 
 def cross_encoder_scores(logits_12: Array, logits_21: Array) -> Array:
@@ -120,22 +112,11 @@ def cosine_bce_loss(emb1: Array, emb2: Array, targets: Array) -> Array:
     return -jnp.mean(t * jnp.log(p) + (1 - t) * jnp.log1p(-p))
 
 
-@flax.struct.dataclass
-class StepState:
-    step: Array
-    params: dict
-    opt_state: optax.OptState
+StepState = TrainState  # a phase's state: step, params, optimizer state (the train loop's TrainState)
 
 
-def init_state(params, optimizer: optax.GradientTransformation) -> StepState:
-    return StepState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
-
-
-def _apply_grads(state: StepState, loss, grads, optimizer):
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-    return StepState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def cross_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "bce"):
@@ -156,7 +137,7 @@ def cross_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, 
         return (soft_bce_loss if loss == "bce" else sigmoid_mse_loss)(logits, batch["labels"])
 
     value, grads = jax.value_and_grad(loss_fn)(state.params)
-    return _apply_grads(state, value, grads, optimizer)
+    return apply_gradients(state, value, grads, optimizer)
 
 
 def bi_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "mse"):
@@ -177,11 +158,12 @@ def bi_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, opt
         return (cosine_mse_loss if loss == "mse" else cosine_bce_loss)(e1, e2, batch["labels"])
 
     value, grads = jax.value_and_grad(loss_fn)(state.params)
-    return _apply_grads(state, value, grads, optimizer)
+    return apply_gradients(state, value, grads, optimizer)
 
 
 # ------------------------------------------------------------------------------------------------
-# The job: cycles of bi -> cross and cross -> bi distillation over unlabelled pairs.
+# The phases: their settings, the pair files, the evaluation sets, one phase's fit (the job that
+# runs cycles of them is sentemb_jax.jobs.trans_encoder).
 
 SCHEDULES = ("refresh", "sequential")
 
@@ -267,7 +249,7 @@ def score_eval_set(model, ev: EvalSet) -> float:
     return correlations(scores, gold, name)["spearman"] if ev.kind == "sts" else pair_auc(scores, gold, name)
 
 
-def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
+def fit_phase(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
          phase: DistillPhase, seed: int, dev: Callable, checkpoint_every: int, save_best: Callable):
     """Train one phase; resumable from out_dir/checkpoints. Returns (last params, {"best": dev, "history": [...]}).
 
@@ -279,7 +261,7 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
     optimizer = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=phase.weight_decay)
     step = jax.jit(functools.partial(step_fn, optimizer=optimizer, loss=phase.loss), donate_argnums=(0,))
     state = init_state(jax.tree_util.tree_map(jnp.array, init_params), optimizer)
-    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(out_dir), "checkpoints"),
+    manager = ocp.CheckpointManager(run_path(out_dir, CHECKPOINTS),
                                     options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
     info = {"best": None, "history": []}
     if manager.latest_step() is not None:
@@ -317,224 +299,3 @@ def _fit(name: str, out_dir: str, init_params, step_fn: Callable, features: Call
     bar.close()
     manager.wait_until_finished()
     return jax.device_get(state.params), info
-
-
-def _check_inputs(data_dir: str, bi_encoders, cross_encoders, pair_files, dev: EvalSet, report) -> None:
-    """Before any work: every start model directory, DATA_DIR (when a path is under it) and every
-    pair / dev / report file exist; a failure names the gin binding (sentemb_jax.trans_encoder.<param>)."""
-    job = "sentemb_jax.trans_encoder"
-    for param, paths in (("bi_encoders", bi_encoders), ("cross_encoders", cross_encoders or ())):
-        for path in paths:
-            preflight.require_model_dir(path, job, param)
-    files = [("pair_files", p) for p in pair_files] + [("dev", dev.path)] + [("report", ev.path) for ev in report]
-    if any(path.startswith(os.path.join(data_dir, "")) for _, path in files):
-        preflight.require_dir(data_dir, job, "data_dir")
-    for param, path in files:
-        preflight.require_file(path, job, param)
-
-
-@gin.configurable(module="sentemb_jax")
-def trans_encoder(
-    model_dir: str = gin.REQUIRED,
-    bi_encoders: Sequence[str] = gin.REQUIRED,
-    pair_files: Sequence[str] = gin.REQUIRED,
-    dev: EvalSet = gin.REQUIRED,
-    cross_encoders: Sequence[str] | None = None,
-    cycles: int = 3,
-    schedule: str = "refresh",
-    mutual: bool | None = None,
-    bi_to_cross: DistillPhase | None = None,
-    cross_to_bi: DistillPhase | None = None,
-    cross_pooling: str = "first",
-    report: Sequence[EvalSet] = (),
-    checkpoint_every: int = 200,
-    seed: int = 0,
-    data_dir: str | None = None,
-) -> dict:
-    """Trans-Encoder self-distillation (one model) or mutual distillation (several, `mutual`).
-
-    bi_encoders: start checkpoints (sentence-transformers / HF dirs), one per model.
-    cross_encoders: each model's cross-encoder start (default: its bi-encoder's weights + a new head).
-    schedule: `refresh` - each cycle the cross-encoder restarts from its start weights and the
-      bi-encoder from its start checkpoint (paper's default); `sequential` - each starts from the
-      other's latest backbone.
-    mutual: pseudo-labels are the mean of every model's predictions (default: when > 1 model).
-    dev: the selection set (STS-B dev for STS); the best bi- and cross-encoder of each model by it
-      are saved under model_dir/model_<i>/{bi_best,cross_best} (results["best"]: their dev and report
-      scores), the latest ones under {bi_last,cross_last}. report: sets scored after each
-      phase (e.g. STS-B test), written with everything else to model_dir/results.json.
-    data_dir: relative paths in pair_files / dev / report are under it (default: the shared data).
-    A rerun with the same model_dir resumes: finished phases come back from their checkpoints.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"trans_encoder.schedule {schedule!r}: choose from {SCHEDULES}")
-    bi_to_cross, cross_to_bi = bi_to_cross or bi_to_cross_defaults(), cross_to_bi or cross_to_bi_defaults()
-    for ph in (bi_to_cross, cross_to_bi):
-        relabel(np.zeros(2), ph.relabel)  # fail on a bad mode before any training
-    mutual = len(bi_encoders) > 1 if mutual is None else mutual
-
-    sel = "sentemb_jax.trans_encoder"
-    v.require_int(cycles, sel, "cycles", 1)
-    v.require_int(checkpoint_every, sel, "checkpoint_every", 1)
-    v.check_seed(seed, sel)
-    for param, ph in (("bi_to_cross", bi_to_cross), ("cross_to_bi", cross_to_bi)):
-        _check_phase(ph, param)
-    data_dir = data_dir or default_data_dir()
-
-    def under(path: str, what: str) -> str:  # absolute paths stay as they are; relative ones stay under data_dir
-        if isinstance(path, str) and not os.path.isabs(path) and not v.is_under(path, data_dir):
-            raise v.ConfigError(f"gin binding {sel}.{what} = {path!r}: a relative path must stay under data_dir "
-                                f"{os.path.normpath(data_dir)} (it resolves to {os.path.normpath(os.path.join(data_dir, path))}); "
-                                "give an absolute path for a file elsewhere")
-        return os.path.join(data_dir, path)
-
-    pair_files = [under(p, "pair_files") for p in pair_files]
-    dev = dataclasses.replace(dev, path=under(dev.path, "dev"))
-    report = [dataclasses.replace(ev, path=under(ev.path, "report")) for ev in report]
-    _check_inputs(data_dir, bi_encoders, cross_encoders, pair_files, dev, report)
-    pairs = read_unlabelled_pairs(pair_files)
-    swapped = [(b, a) for a, b in pairs]
-    both_orders = pairs + swapped
-    s1, s2 = [p[0] for p in pairs], [p[1] for p in pairs]
-    os.makedirs(model_dir, exist_ok=True)
-    results_path = os.path.join(model_dir, "results.json")
-    results = {"pairs": len(pairs), "schedule": schedule, "mutual": mutual, "models": [], "cycles": []}
-    best: dict[str, dict] = {}  # "model_<i>/bi" -> {"dev": score, "cycle": c}: the best over all phases
-
-    def keeper(model, i: int, kind: str, cycle: int):
-        key = f"model_{i}/{kind}"
-
-        def save(params, score: float) -> None:
-            if key not in best or score > best[key]["dev"]:
-                best[key] = {"dev": score, "cycle": cycle}
-                _save_with(model, params, os.path.join(model_dir, f"model_{i}", f"{kind}_best"))
-        return save
-
-    def note_best(i: int, kind: str, cycle: int, info: dict) -> None:
-        # A phase restored from its checkpoint saved its best dir in the earlier run; count its score.
-        key = f"model_{i}/{kind}"
-        if info["best"] is not None and (key not in best or info["best"] > best[key]["dev"]):
-            best[key] = {"dev": info["best"], "cycle": cycle}
-
-    bis = [SentenceEncoder.from_pretrained(p) for p in bi_encoders]
-    bi_start = [b.params for b in bis]
-    crosses = [CrossEncoder.from_pretrained(c, pooling=cross_pooling, max_seq_length=bi_to_cross.max_length, seed=seed + i)
-               for i, c in enumerate(cross_encoders or bi_encoders)]
-    cross_start = [c.params for c in crosses]
-    if len(crosses) != len(bis):
-        raise ValueError(f"trans_encoder: {len(bis)} bi_encoders but {len(crosses)} cross_encoders")
-    if schedule == "sequential":
-        for i, (b, c) in enumerate(zip(bis, crosses)):
-            if b.config != c.config:
-                raise ValueError(f"trans_encoder: schedule 'sequential' passes weights between model {i}'s bi- and "
-                                 "cross-encoder, which need the same backbone config")
-
-    def scores(model) -> dict:
-        return {"dev": score_eval_set(model, dev), **{ev.name: score_eval_set(model, ev) for ev in report}}
-
-    for i, path in enumerate(bi_encoders):
-        results["models"].append({"bi_encoder": path, "start": scores(bis[i])})
-        log.info("model %d start: %s", i, results["models"][-1]["start"])
-
-    def pair_labels(kind: str) -> list[np.ndarray]:
-        if kind == "bi":
-            return [cosine_scores(b, s1, s2) for b in bis]
-        return [np.asarray(cross_encoder_scores(c.predict(pairs, activation="none"), c.predict(swapped, activation="none")))
-                for c in crosses]
-
-    def shared(labels: list[np.ndarray], mode: str) -> list[np.ndarray]:
-        if mutual:
-            labels = [mutual_labels(labels)] * len(labels)
-        return [relabel(x, mode) for x in labels]
-
-    for cycle in range(1, cycles + 1):
-        record = {"cycle": cycle, "models": []}
-        t0 = time.perf_counter()
-        labels = shared(pair_labels("bi"), bi_to_cross.relabel)
-        record["bi_labels"] = [_summary(x) for x in labels]
-        for i, cross in enumerate(crosses):
-            init = cross_start[i]
-            if schedule == "sequential":  # the bi-encoder that just made the labels, under the latest head
-                init = {"backbone": bis[i].params["backbone"], "head": cross.params["head"]}
-            out = os.path.join(model_dir, f"model_{i}", f"cycle_{cycle}", "bi_to_cross")
-            cross.params, info = _fit(
-                f"model {i} cycle {cycle} bi->cross", out, init,
-                functools.partial(cross_step, module=cross.module), cross.packed_features,
-                both_orders, np.concatenate([labels[i], labels[i]]), bi_to_cross, seed + 1000 * cycle + i,
-                lambda p, c=cross: _score_with(c, p, dev), checkpoint_every, keeper(cross, i, "cross", cycle))
-            note_best(i, "cross", cycle, info)
-            cross.save_pretrained(os.path.join(model_dir, f"model_{i}", "cross_last"))
-            record["models"].append({"cross": {**scores(cross), "epochs": info["history"]}})
-        labels = shared(pair_labels("cross"), cross_to_bi.relabel)
-        record["cross_labels"] = [_summary(x) for x in labels]
-        for i, bi in enumerate(bis):
-            init = bi_start[i]
-            if schedule == "sequential":
-                init = {**bi.params, "backbone": crosses[i].params["backbone"]}
-            out = os.path.join(model_dir, f"model_{i}", f"cycle_{cycle}", "cross_to_bi")
-            # Training truncates at the phase's max length; evaluation keeps the model's own.
-            train_tok = Tokenizer(bi.tokenizer.hf, cross_to_bi.max_length, lowercase=bi.tokenizer.lowercase)
-
-            def bi_features(batch, tok=train_tok):
-                f1, f2 = tok([a for a, _ in batch]), tok([b for _, b in batch])
-                sides = {"sentence1_input_ids": f1["input_ids"], "sentence1_attention_mask": f1["attention_mask"],
-                         "sentence2_input_ids": f2["input_ids"], "sentence2_attention_mask": f2["attention_mask"]}
-                # Packed rows of real tokens: the same loss, ~2x fewer tokens than padding each side.
-                return pack_batch(sides, ("sentence1", "sentence2"), tok.max_length, tok.pad_id)
-
-            bi.params, info = _fit(
-                f"model {i} cycle {cycle} cross->bi", out, init, functools.partial(bi_step, module=bi.module), bi_features,
-                pairs, labels[i], cross_to_bi, seed + 1000 * cycle + 500 + i, lambda p, b=bi: _score_with(b, p, dev),
-                checkpoint_every, keeper(bi, i, "bi", cycle))
-            note_best(i, "bi", cycle, info)
-            bi.save_pretrained(os.path.join(model_dir, f"model_{i}", "bi_last"))
-            record["models"][i]["bi"] = {**scores(bi), "epochs": info["history"]}
-        if len(bis) > 1:
-            record["ensemble"] = {"bi": scores(_Ensemble(bis)), "cross": scores(_Ensemble(crosses))}
-        record["seconds"] = time.perf_counter() - t0
-        results["cycles"].append(record)
-        results["best"] = best
-        log.info("cycle %d: %s", cycle, json.dumps(record["models"]))
-        with open(results_path, "w") as f:
-            json.dump(results, f, indent=2)
-    if report:  # the kept models (best by dev over every phase, not the last epoch's) on the report sets too
-        for key, entry in best.items():
-            i, kind = key.split("/")
-            path = os.path.join(model_dir, i, f"{kind}_best")
-            kept = (CrossEncoder if kind == "cross" else SentenceEncoder).from_pretrained(path)
-            entry.update({ev.name: score_eval_set(kept, ev) for ev in report})
-        log.info("kept models: %s", json.dumps(best))
-        with open(results_path, "w") as f:
-            json.dump(results, f, indent=2)
-    return results
-
-
-def _summary(x: np.ndarray) -> dict:
-    return {"mean": float(np.mean(x)), "std": float(np.std(x)), "min": float(np.min(x)), "max": float(np.max(x))}
-
-
-def _score_with(model, params, ev: EvalSet) -> float:
-    old, model.params = model.params, jax.device_get(params)
-    try:
-        return score_eval_set(model, ev)
-    finally:
-        model.params = old
-
-
-def _save_with(model, params, out_dir: str) -> None:
-    old, model.params = model.params, jax.device_get(params)
-    try:
-        model.save_pretrained(out_dir)
-    finally:
-        model.params = old
-
-
-class _Ensemble:
-    """Average of several models' pair scores (bi-encoders: cosine; cross-encoders: predict)."""
-
-    def __init__(self, models):
-        self.models = models
-
-    def predict(self, pairs):
-        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-        return np.mean([pair_scores(m, a, b) for m in self.models], axis=0)

@@ -7,7 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax import pooling as P
+from sentemb_jax import pooling as pooling_ops
 from sentemb_jax.models import ModelConfig, build_model
 from sentemb_jax.models.common import Dense, activation, gather_tokens
 
@@ -42,12 +42,12 @@ class SentenceEmbedder(nn.Module):
         """packing: `input_ids` are packed rows and this dict holds `segment_ids`, `positions`
         ([rows, L]), `token_index`, `token_mask` ([texts, width]) - see sentemb_jax.data.packing.
         The result is one embedding per text, equal (eval mode) to the unpacked call."""
-        modes = P.check_pooling_modes(self.pooling)
+        modes = pooling_ops.check_pooling_modes(self.pooling)
         if self.is_initializing():
             # Create every backbone parameter (decoder, LM head) even if this pooling skips them,
             # so the tree matches the checkpoint it came from and exports back to it.
             self.backbone(input_ids, attention_mask)
-        need_layers = any(m in P.LAYER_POOLERS for m in modes)
+        need_layers = any(m in pooling_ops.LAYER_POOLERS for m in modes)
         if packing is None:
             last, hidden = self.backbone.encode(input_ids, attention_mask, deterministic, need_layers)
             packed_last, token_index = last, None
@@ -61,10 +61,10 @@ class SentenceEmbedder(nn.Module):
             hidden = None if hidden is None else tuple(gather_tokens(h, token_index) for h in hidden)
         vectors = []
         for mode in modes:
-            if mode in P.TOKEN_POOLERS:
-                vectors.append(P.TOKEN_POOLERS[mode](last, attention_mask))
-            elif mode in P.LAYER_POOLERS:
-                vectors.append(P.LAYER_POOLERS[mode](hidden, attention_mask))
+            if mode in pooling_ops.TOKEN_POOLERS:
+                vectors.append(pooling_ops.TOKEN_POOLERS[mode](last, attention_mask))
+            elif mode in pooling_ops.LAYER_POOLERS:
+                vectors.append(pooling_ops.LAYER_POOLERS[mode](hidden, attention_mask))
             else:
                 # Packed: cross-attention keys/values projected on the packed rows, then gathered.
                 vectors.append(self.backbone.decode_first_token(packed_last, attention_mask, deterministic, token_index)
@@ -74,7 +74,7 @@ class SentenceEmbedder(nn.Module):
             x = self.projection(x)
             if self.projection_activation:
                 x = activation(self.projection_activation)(x)
-        return P.l2_normalize(x) if self.normalize else x
+        return pooling_ops.l2_normalize(x) if self.normalize else x
 
 
 def embedder_param_tree(backbone_params: Any, projection: dict | None = None) -> dict:

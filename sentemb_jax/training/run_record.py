@@ -25,10 +25,10 @@ import shutil
 from etils import epath
 
 from sentemb_jax.data.files import is_remote
+from sentemb_jax.run_dir import DAMAGED_CHECKPOINTS, RUN_CONFIG_JSON
 
 log = logging.getLogger(__name__)
 
-RECORD = "run_config.json"
 _EDGE = 1 << 20  # bytes hashed at each end of a data file: cheap on any corpus, catches replaced files
 
 
@@ -88,10 +88,10 @@ def differences(before: dict, now: dict) -> list[str]:
 
 def check_resume(model_dir: str, now: dict, allow_change: bool, error) -> None:
     """Raise `error(message)` when MODEL_DIR's record differs from `now` (unless allow_change)."""
-    path = epath.Path(model_dir) / RECORD
+    path = epath.Path(model_dir) / RUN_CONFIG_JSON
     if not path.exists():
         log.warning("%s has checkpoints but no %s (a run from before it was kept): configuration not compared",
-                    model_dir, RECORD)
+                    model_dir, RUN_CONFIG_JSON)
         return
     changed = differences(json.loads(path.read_text()), now)
     if not changed:
@@ -106,7 +106,7 @@ def check_resume(model_dir: str, now: dict, allow_change: bool, error) -> None:
 
 
 def write(model_dir: str, now: dict) -> None:
-    (epath.Path(model_dir) / RECORD).write_text(json.dumps(now, indent=1, sort_keys=True))
+    (epath.Path(model_dir) / RUN_CONFIG_JSON).write_text(json.dumps(now, indent=1, sort_keys=True))
 
 
 def restore_newest_good(manager, restore, model_dir: str, error):
@@ -123,7 +123,7 @@ def restore_newest_good(manager, restore, model_dir: str, error):
             if is_remote(source) or not os.path.isdir(source):
                 raise error(f"checkpoint {source} cannot be restored ({reason}); delete that step directory "
                             "to resume from the one before it") from None
-            target = os.path.join(model_dir, "damaged_checkpoints", str(step))
+            target = os.path.join(model_dir, DAMAGED_CHECKPOINTS, str(step))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             if os.path.exists(target):
                 shutil.rmtree(target)

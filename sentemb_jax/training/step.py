@@ -12,7 +12,7 @@ one encoder call over rows of real tokens - the same loss, 2-3x fewer tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -34,6 +34,9 @@ class ContrastiveConfig:
     """Which batch features are anchor / positive / negative, and the loss settings.
 
     SimCSE unsupervised: anchor='view1', positive='view2' (same text, two dropout masks).
+    loss: `loss(embeddings, batch, params, cfg) -> scalar` over the sides' embeddings (a dict by
+    side name); None is the in-batch softmax (`in_batch_softmax_from_embeddings`). A loss-only method is such a
+    function (e.g. sentemb_jax.methods.triplet): `ContrastiveConfig.loss = @sentemb_jax.triplet_margin_loss`.
     """
 
     anchor: str = "anchor"
@@ -46,6 +49,7 @@ class ContrastiveConfig:
     mask_duplicates: bool = True
     chunk_size: int | None = None
     gradcache: bool = False
+    loss: Callable | None = None
 
 
 @flax.struct.dataclass
@@ -105,7 +109,8 @@ def side_features(batch: dict, sides) -> dict:
     return {k: v for k, v in batch.items() if k.rsplit("_", 2)[0] in sides and k.endswith(("_input_ids", "_attention_mask"))}
 
 
-def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg: ContrastiveConfig) -> Array:
+def in_batch_softmax_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg: ContrastiveConfig) -> Array:
+    """The default loss: in-batch softmax over the anchors x (positives + hard negatives)."""
     duplicates = None
     if cfg.mask_duplicates:
         duplicates = same_rows(batch[f"{cfg.positive}_input_ids"], batch[f"{cfg.positive}_attention_mask"])
@@ -114,6 +119,7 @@ def loss_from_embeddings(embeddings: dict[str, Array], batch: dict, params, cfg:
         temperature=temperature_of(params, cfg), bidirectional=cfg.bidirectional,
         label_smoothing=cfg.label_smoothing, duplicates=duplicates,
     )
+
 
 
 def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str],
@@ -126,12 +132,13 @@ def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides
 
 
 def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: ContrastiveConfig):
+    loss_fn = cfg.loss or in_batch_softmax_from_embeddings
     side_rngs = {side: jax.random.fold_in(rng, i) for i, side in enumerate(sides_of(cfg))}
     if "packed_input_ids" in batch:
         if cfg.gradcache or cfg.chunk_size:
             raise ValueError("packed batches run the whole batch in one call: unset chunk_size / gradcache, or packing")
         return jax.value_and_grad(
-            lambda p: loss_from_embeddings(embed_packed(module, p["tower"], batch, rng, sides_of(cfg)), batch, p, cfg))(params)
+            lambda p: loss_fn(embed_packed(module, p["tower"], batch, rng, sides_of(cfg)), batch, p, cfg))(params)
 
     def embed_all(tower_params):
         return {s: embed_side(module, tower_params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], side_rngs[s],
@@ -139,7 +146,7 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
 
     if not cfg.gradcache:
         def full_loss(p):
-            return loss_from_embeddings(embed_all(p["tower"]), batch, p, cfg)
+            return loss_fn(embed_all(p["tower"]), batch, p, cfg)
 
         return jax.value_and_grad(full_loss)(params)
 
@@ -153,7 +160,7 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
     other = {k: v for k, v in params.items() if k != "tower"}
     # Pass 2: gradient of the loss w.r.t. the embeddings (and the temperature).
     loss, (emb_grads, other_grads) = jax.value_and_grad(
-        lambda e, o: loss_from_embeddings(e, batch, {**o, "tower": None}, cfg), argnums=(0, 1))(embeddings, other)
+        lambda e, o: loss_fn(e, batch, {**o, "tower": None}, cfg), argnums=(0, 1))(embeddings, other)
     # Pass 3: re-encode each chunk with the same rng and accumulate its vector-Jacobian product.
     tower_grads = jax.tree_util.tree_map(jnp.zeros_like, params["tower"])
     for side in sides_of(cfg):
@@ -169,12 +176,20 @@ def loss_and_grads(module: nn.Module, params, batch: dict, rng: Array, cfg: Cont
     return loss, {"tower": tower_grads, **other_grads}
 
 
+def apply_gradients(state, loss: Array, grads, optimizer: optax.GradientTransformation):
+    """The one optimizer update of every step function: `state` (TrainState or a method's state
+    with more fields, e.g. DistillState) one step on; metrics loss and gradient norm."""
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), \
+        {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
 def train_step(state: TrainState, batch: dict, rng: Array, *, module: nn.Module, optimizer: optax.GradientTransformation,
                cfg: ContrastiveConfig):
     """One optimizer step; returns (new state, metrics)."""
     rng = jax.random.fold_in(rng, state.step)
     loss, grads = loss_and_grads(module, state.params, batch, rng, cfg)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "temperature": temperature_of(state.params, cfg)}
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    temperature = temperature_of(state.params, cfg)  # the one this step used
+    state, metrics = apply_gradients(state, loss, grads, optimizer)
+    return state, {**metrics, "temperature": temperature}

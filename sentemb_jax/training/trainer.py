@@ -28,26 +28,25 @@ import numpy as np
 import orbax.checkpoint as ocp
 import seqio
 from etils import epath
-from jax.experimental import multihost_utils
-from tensorboardX import SummaryWriter
 from tqdm.auto import tqdm
 
 import gin
-from sentemb_jax.data.files import default_data_dir, source_lines
+from sentemb_jax.data.files import default_data_dir
 from sentemb_jax.data.files import is_remote as _is_remote
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import RowFileSource, register_tasks
 from sentemb_jax.distributed import is_primary
-from sentemb_jax.encoder import RUN_FILE, SentenceEncoder, transformer_dir_of
-from sentemb_jax.errors import Preempted, TrainingError, UndefinedScoreError
-from sentemb_jax.evaluation.sts import StsbEvaluator
+from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+from sentemb_jax.errors import TrainingError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
+from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, run_path
 from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training import faults, run_record
 from sentemb_jax.training.checks import check_train_config, check_train_inputs
+from sentemb_jax.training.loop import MetricsWriter, RunState, StsDevEvaluator, host_params
 from sentemb_jax.training.optimizers import make_optimizer
 from sentemb_jax.training.preemption import StopSignals
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
@@ -61,12 +60,6 @@ TRAIN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # coarse: each sh
 def _model_ref(init_from: str | None) -> str | None:
     """The start model as recorded in MODEL_DIR (encoder.json, run_config.json): absolute when local."""
     return os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from
-
-
-def model_path(model_dir: str, *parts: str) -> str:
-    """A path under MODEL_DIR: absolute when local, the URL as given when remote (a bucket)."""
-    base = model_dir if _is_remote(model_dir) else os.path.abspath(model_dir)
-    return "/".join([base.rstrip("/"), *parts]) if _is_remote(model_dir) else os.path.join(base, *parts)
 
 
 def _check_model_dir(model_dir: str) -> None:
@@ -217,192 +210,98 @@ def train(
     if prng_impl:
         jax.config.update("jax_default_prng_impl", prng_impl)
     data_dir = data_dir or default_data_dir()
-    if init_from:
-        encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
-        tokenizer_dir = tokenizer_dir or transformer_dir_of(init_from)
-    elif tokenizer_dir:
-        # From scratch: the tower from gin (sentemb_jax.tower_module.*), weights initialised below.
-        tokenizer = Tokenizer.from_pretrained(tokenizer_dir, max_length=sequence_length)
-        encoder = SentenceEncoder(tower_module(), None, tokenizer)
-    else:
-        raise TrainingError("give train.init_from (a model directory) or train.tokenizer_dir (to train from scratch)")
-    if init_layers:
-        if encoder.params is None:
-            raise TrainingError("train.init_layers needs train.init_from (the model whose first layers to keep)")
-        encoder = encoder.first_layers(init_layers)
-    if init_random:
-        if encoder.params is None:
-            raise TrainingError("train.init_random needs train.init_from (the architecture to initialise)")
-        encoder.params = None  # initialised below like a from-scratch tower
+    encoder, tokenizer_dir = _start_encoder(init_from, tokenizer_dir, pooling, config_overrides, sequence_length,
+                                            init_layers, init_random)
     names = register_tasks(model_dir=tokenizer_dir, data_dir=data_dir)
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
     method = distill.make_method(sequence_length, seed) if distill is not None else ContrastiveMethod(contrastive)
     method.prepare(names[task], encoder)
     encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
-    module = encoder.module
-    optimizer = make_optimizer()
-    mesh = make_mesh()
-    processes = jax.process_count()
-    if batch_size % processes:
-        raise TrainingError(f"train.batch_size={batch_size} must divide into the {processes} processes' parts")
-    if fixed_padding is None:
-        fixed_padding = processes > 1
-    if processes > 1 and (pack or not fixed_padding):
-        raise TrainingError("a multi-process run needs batch parts of one shape on every process: "
-                            "train.pack=False and train.fixed_padding=True (or None)")
-    pipeline = InputPipeline(names[task], batch_size=batch_size // processes, sequence_length=sequence_length, seed=seed,
-                             buckets=(sequence_length,) if fixed_padding else TRAIN_BUCKETS,
-                             same_length=same_length or fixed_padding,
-                             shard_info=seqio.ShardInfo(jax.process_index(), processes) if processes > 1 else None)
-    batches = iter(pipeline)
-    dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
-    first = {f"{method.sides[0]}_input_ids": dummy, f"{method.sides[0]}_attention_mask": dummy}
-    step_fn, abstract, shardings = method.build_step(module, optimizer, mesh, first, skip_nonfinite=skip_nonfinite > 0)
-
+    optimizer, mesh = make_optimizer(), make_mesh()
+    fixed_padding = _check_processes(batch_size, pack, fixed_padding)
+    pipeline = _input_pipeline(names[task], batch_size, sequence_length, seed, fixed_padding, same_length)
+    first = _init_batch(method.sides[0])
+    step_fn, abstract, shardings = method.build_step(encoder.module, optimizer, mesh, first,
+                                                     skip_nonfinite=skip_nonfinite > 0)
     _check_disk_space(model_dir, abstract, keep_checkpoints + 1 + (1 if eval_every else 0))
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True)
-    manager = ocp.CheckpointManager(model_path(model_dir, "checkpoints"), options=options)
-    best_manager = ocp.CheckpointManager(model_path(model_dir, "best"),
-                                         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+    manager, best_manager = _checkpoint_managers(model_dir, keep_checkpoints)
     restore_target = jax.tree_util.tree_map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract, shardings)
-    history_path = model_path(model_dir, "metrics.jsonl")
-    record = run_record.operative_config(
-        model={"init_from": _model_ref(init_from),
-               "tokenizer_dir": None if init_from else tokenizer_dir, "init_layers": init_layers,
-               "init_random": init_random, "config_overrides": config_overrides or {}, "params_from": params_from,
-               "backbone": module.backbone_config, "pooling": list(module.pooling),
-               "projection_dim": module.projection_dim, "normalize": module.normalize},
-        task=task, batch_size=batch_size, sequence_length=sequence_length, seed=seed, pack=pack,
-        fixed_padding=fixed_padding, prng_impl=prng_impl, method=distill if distill is not None else contrastive,
-        data_files=_task_files(names[task]))
+    record = _run_record(encoder.module, init_from, tokenizer_dir, init_layers, init_random, config_overrides, params_from,
+                         task=task, batch_size=batch_size, sequence_length=sequence_length, seed=seed, pack=pack,
+                         fixed_padding=fixed_padding, prng_impl=prng_impl,
+                         method=distill if distill is not None else contrastive, data_files=_task_files(names[task]))
     if manager.latest_step() is not None:  # a resume: only with the configuration and data it was made with
         run_record.check_resume(model_dir, record, allow_config_change, TrainingError)
     step0, restored = run_record.restore_newest_good(
         manager, lambda s: manager.restore(s, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(restore_target), data=ocp.args.JsonRestore())), model_dir, TrainingError)
     if restored is not None:
-        state = restored["state"]
-        pipeline.load_state_dict(restored["data"]["input"])
-        best = restored["data"].get("best")
-        train_seconds = float(restored["data"].get("train_seconds", 0.0))
-        skipped = int(restored["data"].get("skipped_batches", 0))
-        batches = iter(pipeline)
+        state, resumed = restored["state"], restored["data"]
+        pipeline.load_state_dict(resumed["input"])
         log.info("resumed from %s at step %d", model_dir, step0)
     else:
-        tower = encoder.params
-        if tower is None:
-            init = jax.jit(lambda r: nn.meta.unbox(module.init(r, first[f"{method.sides[0]}_input_ids"],
-                                                                first[f"{method.sides[0]}_attention_mask"])["params"]),
-                           out_shardings=shardings.params["tower"])
-            tower = init(jax.random.PRNGKey(seed))
-        if params_from:
-            tower = _params_from_run(params_from, restore_target)
-        state = method.initial_state(tower, optimizer, shardings)
-        best, train_seconds, skipped = None, 0.0, 0
+        tower = _initial_tower(encoder, first, shardings, seed, params_from, restore_target)
+        state, resumed = method.initial_state(tower, optimizer, shardings), {}
     if is_primary():  # run metadata only now that every check has passed (a refused start rewrites nothing)
         _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
         run_record.write(model_dir, record)
-    writer = _SummaryWriter(model_dir) if is_primary() else None
-    evaluator = _StsDevEvaluator(encoder, data_dir) if eval_every else None
+    run = RunState(state, model_dir, pipeline, manager, best_manager,
+                   MetricsWriter(model_dir, run_path(model_dir, METRICS_JSONL)) if is_primary() else None,
+                   StsDevEvaluator(encoder, data_dir) if eval_every else None,
+                   tqdm(total=num_steps, initial=int(state.step), desc="train", unit="step", disable=None),
+                   batch_size, log_every, skip_nonfinite, time_budget_s, best=resumed.get("best"),
+                   train_seconds=float(resumed.get("train_seconds", 0.0)), skipped=int(resumed.get("skipped_batches", 0)))
+    _run_loop(run, step_fn, method, mesh, task, num_steps, seed, pack, sequence_length, eval_every, eval_at_start,
+              checkpoint_every)
+    if run.writer:
+        run.writer.close()
+    if export_dir:
+        _export_tower(run, encoder, restore_target, export_dir)
+    return {**run.metrics, "best": run.best}
+
+
+def _run_loop(run: RunState, step_fn, method, mesh, task: str, num_steps: int, seed: int, pack: bool,
+              sequence_length: int, eval_every: int | None, eval_at_start: bool, checkpoint_every: int) -> None:
+    """The loop: a step, then the periodic actions (log, evaluate, checkpoint, stop on a signal)."""
     rng = jax.random.PRNGKey(seed)
-    start_step = int(state.step)
-    bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", disable=None)
-    tick, metrics, bad_in_a_row = time.perf_counter(), {}, 0
-    if evaluator and eval_at_start and start_step == 0:
-        metrics = {"step": 0, "train_seconds": 0.0, "stsb_dev_spearman": evaluator(state.params["tower"])}
-        _write_metrics(writer, 0, metrics, history_path)
-        bar.write(f"step 0: STS-B dev spearman {metrics['stsb_dev_spearman']:.2f} (untrained)")
+    if run.evaluator and eval_at_start and run.step == 0:
+        run.evaluate(untrained=True)
+        run.write_metrics()
     faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
     try:
         with activation_rules(mesh), StopSignals() as stop_signals:
             # A rerun of a run that already spent its budget stops at once (it does not take a step more).
-            while int(state.step) < num_steps and not _budget_spent(train_seconds, time_budget_s):
+            while run.step < num_steps and not run.out_of_time():
                 started = time.perf_counter()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    raise TrainingError(f"task {task!r} ran out of data at step {int(state.step)}") from None
+                batch = run.next_batch(task)
                 model_batch = method.model_batch(batch)
                 if pack:
-                    model_batch = pack_batch(model_batch, method.sides, sequence_length, pipeline.pad_id,
+                    model_batch = pack_batch(model_batch, method.sides, sequence_length, run.pipeline.pad_id,
                                              row_multiple=math.lcm(8, batch_shards(mesh)))
-                before = int(state.step)
-                state, out = step_fn(state, shard_batch(model_batch, mesh), rng)
-                step = int(state.step)  # waits for the step, so the time below is the step's
-                if not bool(out["finite"]):
-                    where = _batch_sources(pipeline, batch)
-                    what = f"non-finite loss / gradient (loss {float(out['loss'])}, grad norm {float(out['grad_norm'])})"
-                    bad_in_a_row += 1
-                    if bad_in_a_row > skip_nonfinite:
-                        why = f"{bad_in_a_row} bad batches in a row, train.skip_nonfinite={skip_nonfinite}" if skip_nonfinite \
-                            else "train.skip_nonfinite=N skips up to N bad batches in a row"
-                        raise TrainingError(f"{what} at step {before + 1}; batch from {where}. Nothing of this step was "
-                                            f"saved (last checkpoint: step {manager.latest_step()}) ({why})")
-                    skipped += 1
-                    log.warning("skipped batch %d (%s at step %d; state unchanged): %s", skipped, what, before + 1, where)
-                    train_seconds += time.perf_counter() - started
+                before = run.step
+                state, out = step_fn(run.state, shard_batch(model_batch, mesh), rng)  # donates run.state
+                if not run.accept(state, out, batch, started, before):  # waits for the step
                     continue
-                bad_in_a_row = 0
-                train_seconds += time.perf_counter() - started
-                out_of_time = _budget_spent(train_seconds, time_budget_s)
+                step, out_of_time = run.step, run.out_of_time()
                 last = step == num_steps or out_of_time
-                if step % log_every == 0 or last:
-                    out = {k: float(v) for k, v in jax.device_get(out).items() if k != "finite"}
-                    if skipped:
-                        out["skipped_batches"] = skipped
-                    rate = log_every * batch_size / (time.perf_counter() - tick)
-                    tick = time.perf_counter()
-                    metrics = {"step": step, **out, "pairs_per_s": rate, "train_seconds": train_seconds}
-                    bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
-                if evaluator and (step % eval_every == 0 or last):
-                    score = evaluator(state.params["tower"])
-                    metrics = {**metrics, "step": step, "train_seconds": train_seconds, "stsb_dev_spearman": score}
-                    if not math.isnan(score) and (best is None or score > best["stsb_dev_spearman"]):
-                        best = {"step": step, "stsb_dev_spearman": score}
-                        best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
-                    bar.write(f"step {step}: STS-B dev spearman {score:.2f}"
-                              + (f" (best {best['stsb_dev_spearman']:.2f} at {best['step']})" if best else ""))
-                if metrics.get("step") == step:
-                    _write_metrics(writer, step, metrics, history_path)
-                def save_checkpoint():
-                    manager.save(step, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(state),
-                        data=ocp.args.JsonSave({"input": pipeline.state_dict(), "best": best,
-                                                "train_seconds": train_seconds, "skipped_batches": skipped})), force=True)
-
+                if step % run.log_every == 0 or last:
+                    run.log(out)
+                if run.evaluator and (step % eval_every == 0 or last):
+                    run.evaluate()
+                run.write_metrics()
                 saved = step % checkpoint_every == 0 or last
                 if saved:
-                    save_checkpoint()
-                bar.update(1)
-                faults.after_step(step, manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
-                signum = stop_signals.requested()
-                if signum:  # SIGTERM (preemption) / Ctrl-C: this step is checkpointed, then the job stops
-                    if not saved:
-                        save_checkpoint()
-                    manager.wait_until_finished()
-                    raise Preempted(signum, step, model_path(model_dir, "checkpoints"))
+                    run.save()
+                run.bar.update(1)
+                faults.after_step(step, run.manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
+                run.stop_if_requested(stop_signals.requested(), saved)
                 if out_of_time:
-                    log.info("time budget of %.0f s of training reached at step %d", time_budget_s, step)
+                    log.info("time budget of %.0f s of training reached at step %d", run.time_budget_s, step)
                     break
     finally:  # an error stops the loop, not a checkpoint write already under way
-        bar.close()
-        manager.wait_until_finished()
-        best_manager.wait_until_finished()
-    if writer:
-        writer.close()
-    if export_dir:
-        tower = state.params["tower"]
-        if best is not None and best_manager.latest_step() is not None:
-            restored = best_manager.restore(best_manager.latest_step(), args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(restore_target)))
-            tower = restored["state"].params["tower"]
-        encoder.params = host_params(tower)
-        if is_primary():
-            encoder.save_pretrained(export_dir)
-            log.info("exported the %s tower to %s", "best" if best else "last", export_dir)
-    return {**metrics, "best": best}
+        run.close()
 
 
 def _task_files(task_name: str) -> list[str]:
@@ -420,7 +319,7 @@ def _write_architecture(model_dir, encoder, init_from, pooling, config_overrides
             "pooling": list(pooling) if isinstance(pooling, (list, tuple)) else pooling,
             "config_overrides": config_overrides or {}, "init_layers": init_layers,
             "projection_dim": projection, "projection_activation": "tanh" if projection else None}
-    epath.Path(model_path(model_dir, RUN_FILE)).write_text(json.dumps(arch, indent=1))
+    epath.Path(run_path(model_dir, ENCODER_JSON)).write_text(json.dumps(arch, indent=1))
 
 
 def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceEncoder:
@@ -436,22 +335,9 @@ def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> Se
                            encoder.tokenizer, encoder.hf_config)
 
 
-def _batch_sources(pipeline: InputPipeline, batch: dict, limit: int = 8) -> str:
-    """`path:line` of a batch's first rows (row ids when the source has no line index)."""
-    rows = np.asarray(batch.get("row_id", []))[:limit].tolist()
-    source = getattr(pipeline.provider, "source", None)  # a mixture has none (its row ids are per task)
-    lines = source_lines(source.index(pipeline.split), rows) if isinstance(source, RowFileSource) else [f"row {r}" for r in rows]
-    more = len(np.asarray(batch.get("row_id", []))) - len(rows)
-    return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
-
-
-def _budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:
-    return bool(time_budget_s) and train_seconds >= time_budget_s
-
-
 def _params_from_run(run_dir: str, restore_target: TrainState):
     """Tower params of another run's latest checkpoint (stage 2 of two-stage training)."""
-    manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), "checkpoints"))
+    manager = ocp.CheckpointManager(run_path(run_dir, CHECKPOINTS))
     step = manager.latest_step()
     if step is None:
         raise TrainingError(f"params_from={run_dir}: no checkpoint found under {run_dir}/checkpoints")
@@ -460,56 +346,97 @@ def _params_from_run(run_dir: str, restore_target: TrainState):
     return restored["state"].params["tower"]
 
 
-class _StsDevEvaluator:
-    """The run's STS-B dev score of the tower being trained (params gathered to the host)."""
-
-    def __init__(self, encoder: SentenceEncoder, data_dir: str):
-        self.encoder = encoder
-        self.stsb = StsbEvaluator(data_dir, "dev")
-
-    def __call__(self, tower_params) -> float:
-        """Spearman x 100; NaN, with a warning saying why, when the model gives no ranking (a
-        collapsed model: every pair the same score) - a long run goes on and keeps its best."""
-        self.encoder.params = host_params(tower_params)
-        try:
-            return self.stsb(self.encoder)["spearman"]
-        except UndefinedScoreError as e:
-            log.warning("%s", e)
-            return float("nan")
-
-
-def host_params(tree):
-    """Numpy copies of (possibly multi-process, sharded) arrays: every process gets the whole tree."""
-    if jax.process_count() > 1:
-        return multihost_utils.process_allgather(tree, tiled=True)
-    return jax.device_get(tree)
+def _start_encoder(init_from, tokenizer_dir, pooling, config_overrides, sequence_length, init_layers, init_random):
+    """The tower to train and the tokenizer directory: a model directory's (its first `init_layers`
+    layers; random weights with `init_random`), or a tower from gin with no weights (from scratch)."""
+    if init_from:
+        encoder = SentenceEncoder.from_pretrained(init_from, pooling=pooling, **(config_overrides or {}))
+        tokenizer_dir = tokenizer_dir or transformer_dir_of(init_from)
+    elif tokenizer_dir:
+        # From scratch: the tower from gin (sentemb_jax.tower_module.*), weights initialised by the loop.
+        tokenizer = Tokenizer.from_pretrained(tokenizer_dir, max_length=sequence_length)
+        encoder = SentenceEncoder(tower_module(), None, tokenizer)
+    else:
+        raise TrainingError("give train.init_from (a model directory) or train.tokenizer_dir (to train from scratch)")
+    if init_layers:
+        if encoder.params is None:
+            raise TrainingError("train.init_layers needs train.init_from (the model whose first layers to keep)")
+        encoder = encoder.first_layers(init_layers)
+    if init_random:
+        if encoder.params is None:
+            raise TrainingError("train.init_random needs train.init_from (the architecture to initialise)")
+        encoder.params = None  # initialised by the loop like a from-scratch tower
+    return encoder, tokenizer_dir
 
 
-def _write_metrics(writer, step: int, metrics: dict, path: str) -> None:
-    if writer is not None:  # process 0 only
-        writer.write(step, metrics, path)
+def _check_processes(batch_size: int, pack: bool, fixed_padding: bool | None) -> bool:
+    """fixed_padding as the run uses it (None: on with several processes), after the multi-process checks."""
+    processes = jax.process_count()
+    if batch_size % processes:
+        raise TrainingError(f"train.batch_size={batch_size} must divide into the {processes} processes' parts")
+    if fixed_padding is None:
+        fixed_padding = processes > 1
+    if processes > 1 and (pack or not fixed_padding):
+        raise TrainingError("a multi-process run needs batch parts of one shape on every process: "
+                            "train.pack=False and train.fixed_padding=True (or None)")
+    return fixed_padding
 
 
-class _SummaryWriter:
-    """TensorBoard event files (tensorboardX) plus one JSON line per logged step."""
+def _input_pipeline(task_name: str, batch_size: int, sequence_length: int, seed: int, fixed_padding: bool,
+                    same_length: bool) -> InputPipeline:
+    """This process's part of each global batch (every process_count-th row of the global order)."""
+    processes = jax.process_count()
+    return InputPipeline(task_name, batch_size=batch_size // processes, sequence_length=sequence_length, seed=seed,
+                         buckets=(sequence_length,) if fixed_padding else TRAIN_BUCKETS,
+                         same_length=same_length or fixed_padding,
+                         shard_info=seqio.ShardInfo(jax.process_index(), processes) if processes > 1 else None)
 
-    def __init__(self, model_dir: str):
-        self._writer = SummaryWriter(model_path(model_dir, "tensorboard"))  # gs:// works (google-cloud-storage)
-        self._lines: list[str] | None = None  # a bucket has no append: the whole file is rewritten
 
-    def write(self, step: int, metrics: dict, jsonl_path: str) -> None:
-        for k, v in metrics.items():
-            if k != "step" and isinstance(v, (int, float)):
-                self._writer.add_scalar(k, v, step)
-        if not _is_remote(jsonl_path):
-            with open(jsonl_path, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            return
-        path = epath.Path(jsonl_path)
-        if self._lines is None:  # a resumed run keeps the lines written before
-            self._lines = path.read_text().splitlines(keepends=True) if path.exists() else []
-        self._lines.append(json.dumps(metrics) + "\n")
-        path.write_text("".join(self._lines))
+def _init_batch(side: str) -> dict:
+    dummy = np.ones((1, 8), np.int32)  # shapes for initialisation only
+    return {f"{side}_input_ids": dummy, f"{side}_attention_mask": dummy}
 
-    def close(self) -> None:
-        self._writer.close()
+
+def _checkpoint_managers(model_dir: str, keep_checkpoints: int):
+    """MODEL_DIR/checkpoints (the last `keep_checkpoints`) and MODEL_DIR/best (one)."""
+    manager = ocp.CheckpointManager(run_path(model_dir, CHECKPOINTS),
+                                    options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True))
+    best_manager = ocp.CheckpointManager(run_path(model_dir, BEST),
+                                         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+    return manager, best_manager
+
+
+def _run_record(module, init_from, tokenizer_dir, init_layers, init_random, config_overrides, params_from, **run) -> dict:
+    """What MODEL_DIR/run_config.json records (a resume is refused when it differs)."""
+    return run_record.operative_config(
+        model={"init_from": _model_ref(init_from),
+               "tokenizer_dir": None if init_from else tokenizer_dir, "init_layers": init_layers,
+               "init_random": init_random, "config_overrides": config_overrides or {}, "params_from": params_from,
+               "backbone": module.backbone_config, "pooling": list(module.pooling),
+               "projection_dim": module.projection_dim, "normalize": module.normalize}, **run)
+
+
+def _initial_tower(encoder: SentenceEncoder, first: dict, shardings, seed: int, params_from: str | None, restore_target):
+    """The tower's first params: the start model's, random ones (from scratch), or another run's (params_from)."""
+    tower = encoder.params
+    if tower is None:
+        ids, mask = first.values()
+        module = encoder.module
+        init = jax.jit(lambda r: nn.meta.unbox(module.init(r, ids, mask)["params"]), out_shardings=shardings.params["tower"])
+        tower = init(jax.random.PRNGKey(seed))
+    if params_from:
+        tower = _params_from_run(params_from, restore_target)
+    return tower
+
+
+def _export_tower(run: RunState, encoder: SentenceEncoder, restore_target, export_dir: str) -> None:
+    """The best tower by STS-B dev (the last one when nothing was scored) as a sentence-transformers directory."""
+    tower = run.state.params["tower"]
+    if run.best is not None and run.best_manager.latest_step() is not None:
+        restored = run.best_manager.restore(run.best_manager.latest_step(), args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(restore_target)))
+        tower = restored["state"].params["tower"]
+    encoder.params = host_params(tower)
+    if is_primary():
+        encoder.save_pretrained(export_dir)
+        log.info("exported the %s tower to %s", "best" if run.best else "last", export_dir)
