@@ -27,7 +27,7 @@ from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
-from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON
+from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
 from sentemb_jax.validation import ConfigError, is_under
 
@@ -279,8 +279,8 @@ class SentenceEncoder:
             encoder = cls(module, None, encoder.tokenizer, encoder.hf_config)
         restored, damaged = None, []
         for kind in (BEST, CHECKPOINTS) if which == "best" else (CHECKPOINTS,):
-            manager = ocp.CheckpointManager(os.path.join(os.path.abspath(run_dir), kind),
-                                            item_handlers={"state": ocp.StandardCheckpointHandler()})
+            manager = checkpoint_manager(run_dir, kind, create=False,
+                                         item_handlers={"state": ocp.StandardCheckpointHandler()})
             for step in sorted(manager.all_steps(), reverse=True):  # a damaged newest one: the one before
                 try:
                     restored = _restore_state(manager, step)

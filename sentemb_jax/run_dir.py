@@ -14,7 +14,10 @@
 """
 from __future__ import annotations
 
+import json
 import os
+
+import orbax.checkpoint as ocp
 
 from sentemb_jax.paths import is_remote
 
@@ -35,3 +38,34 @@ def run_path(model_dir: str, *parts: str) -> str:
     if is_remote(model_dir):
         return "/".join([model_dir.rstrip("/"), *parts])
     return os.path.join(os.path.abspath(model_dir), *parts)
+
+
+def checkpoint_manager(model_dir: str, kind: str = CHECKPOINTS, keep: int | None = None, create: bool = True,
+                       **kwargs) -> ocp.CheckpointManager:
+    """The orbax manager of MODEL_DIR/<kind> (`checkpoints` or `best`): every module that writes
+    or reads a run's checkpoints builds it here (local paths made absolute, buckets as given).
+    keep: how many steps to keep (None: all); create=False for a reader."""
+    return ocp.CheckpointManager(run_path(model_dir, kind),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create), **kwargs)
+
+
+def read_results(model_dir: str) -> dict | None:
+    """MODEL_DIR/results.json, or None when there is none."""
+    path = os.path.join(model_dir, RESULTS_JSON)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_results(model_dir: str, results: dict, markdown: str | None = None) -> str:
+    """Write MODEL_DIR/results.json (and results.md when given) by replacing the old file whole (a
+    crash mid-write leaves the old one); the one writer of every job's results. Returns its path."""
+    os.makedirs(model_dir, exist_ok=True)
+    for name, text in ((RESULTS_JSON, json.dumps(results, indent=2)), (RESULTS_MD, markdown)):
+        if text is not None:
+            path = os.path.join(model_dir, name)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+    return os.path.join(model_dir, RESULTS_JSON)

@@ -199,3 +199,38 @@ def test_low_layers_do_not_load_the_models(module):
     code = f"import sys, {module}; print('sentemb_jax.models' in sys.modules, 'sentemb_jax.encoder' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+MAX_FUNCTION_LINES = 100  # code lines (a docstring is not counted): one screen to read
+
+
+def _code_lines(node: ast.AST) -> int:
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0] if node.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for name, path in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > MAX_FUNCTION_LINES:
+                long.append(f"{name}.{node.name}: {_code_lines(node)} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code: {long}"
+
+
+def test_the_train_job_and_the_trans_encoder_phases_run_in_the_one_loop():
+    """training.loop.run_loop is the only train loop: the train job and the Trans-Encoder's phases
+    call it, and no other module steps a StopSignals context or checkpoints a train state itself."""
+    sources = {}
+    for name, path in _modules().items():
+        with open(path, encoding="utf-8") as f:
+            sources[name] = f.read()
+    callers = sorted(n for n, src in sources.items() if re.search(r"\brun_loop\(", src) and n != "sentemb_jax.training.loop")
+    assert callers == ["sentemb_jax.methods.trans_encoder", "sentemb_jax.training.trainer"]
+    stepping = sorted(n for n, src in sources.items() if "StopSignals()" in src or "StandardSave(" in src)
+    assert stepping == ["sentemb_jax.training.loop"], stepping

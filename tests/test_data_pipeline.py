@@ -13,7 +13,7 @@ from sentemb_jax.data.tasks import register_tasks, register_tfds_tasks
 
 @pytest.fixture(scope="module")
 def tasks(minilm_dir, data_dir):
-    return register_tasks(model_dir=minilm_dir, data_dir=data_dir)
+    return register_tasks(tokenizer_dir=minilm_dir, data_dir=data_dir)
 
 
 def _take(pipe, n):
@@ -98,7 +98,7 @@ def test_model_batch_features(tasks, minilm_dir):
 
 def test_views_deterministic_and_augmented(minilm_dir, data_dir):
     def first_batch(views, seed=0):
-        names = register_tasks(model_dir=minilm_dir, data_dir=data_dir, views=views, augment_rate=0.3, kinds=("sentences",))
+        names = register_tasks(tokenizer_dir=minilm_dir, data_dir=data_dir, views=views, augment_rate=0.3, kinds=("sentences",))
         return _take(InputPipeline(names["sentences"], batch_size=32, sequence_length=64, seed=seed), 1)[0]
 
     plain = first_batch(("none", "none"))
@@ -127,7 +127,7 @@ def test_views_deterministic_and_augmented(minilm_dir, data_dir):
 
 def test_precomputed_view_column(minilm_dir, tmp_path):
     (tmp_path / "s.tsv").write_text("sentence\tbt_de\nA man plays.\tA guy is playing.\nHello there\tHi there\n")
-    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
                            views=("none", "column:bt_de"), view_columns=("bt_de",), kinds=("sentences",))
     batch = _take(InputPipeline(names["sentences"], batch_size=2, sequence_length=32, shuffle=False, num_epochs=1), 1)[0]
     import transformers
@@ -148,7 +148,7 @@ def test_neighbour_view_is_the_next_row_of_the_same_file(minilm_dir, tmp_path):
     b = ["Beta one is here.", "Beta two is here."]
     (tmp_path / "a.tsv").write_text("sentence\n" + "\n".join(a) + "\n")
     (tmp_path / "b.tsv").write_text("sentence\n" + "\n".join(b) + "\n")
-    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": ["a.tsv", "b.tsv"]},
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": ["a.tsv", "b.tsv"]},
                            views=("none", "neighbour"), clean=True, kinds=("sentences",))
     rows = [a[0], a[2], a[3], b[0], b[1]]
     expected = {rows[0]: rows[1], rows[1]: rows[2], rows[2]: rows[1], rows[3]: rows[4], rows[4]: rows[3]}
@@ -174,8 +174,8 @@ def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
     """A required task's missing file is named up front; an unrequired one when the task is read."""
     message = r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="
     with pytest.raises(DataError, match=message):
-        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",), require=("nli_triples",))
-    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+        register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",), require=("nli_triples",))
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
     with pytest.raises(DataError, match=message):
         next(iter(InputPipeline(names["nli_triples"], batch_size=2, sequence_length=16, seed=0)))
 
@@ -190,7 +190,7 @@ def test_mixture_draws_from_both_tasks(tasks):
 def test_tfds_tasks_with_mock_data(minilm_dir):
     import tensorflow_datasets as tfds
 
-    names = register_tfds_tasks(model_dir=minilm_dir, kinds=("tfds_snli", "tfds_stsb"))
+    names = register_tfds_tasks(tokenizer_dir=minilm_dir, kinds=("tfds_snli", "tfds_stsb"))
     with tfds.testing.mock_data(num_examples=40):
         pairs = _take(InputPipeline(names["tfds_snli"], batch_size=4, sequence_length=32, seed=0, drop_remainder=False, num_epochs=1), 50)
         sts = _take(InputPipeline(names["tfds_stsb"], batch_size=4, sequence_length=32, seed=0, num_epochs=1), 3)
@@ -234,7 +234,7 @@ def test_fixed_view_same_every_epoch_and_precomputable(minilm_dir, tmp_path):
 
     sentences = [f"word{i} alpha beta gamma delta epsilon zeta eta theta iota kappa" for i in range(12)]
     (tmp_path / "s.tsv").write_text("sentence\n" + "\n".join(sentences) + "\n")
-    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
                            views=("none", "fixed:word_deletion"), augment_rate=0.3, kinds=("sentences",))
 
     def view2_by_row(seed, epochs):
@@ -257,7 +257,7 @@ def test_fixed_view_same_every_epoch_and_precomputable(minilm_dir, tmp_path):
     kept = [len(t.split()) for t in texts]
     assert all(1 <= k <= 11 for k in kept) and sum(kept) < 12 * 11  # words were deleted
     with pytest.raises(ValueError, match="fixed:<one of"):
-        register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
+        register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), files={"sentences": "s.tsv"},
                        views=("none", "fixed:span_masking"), kinds=("sentences",))
 
 
@@ -291,7 +291,7 @@ def test_too_few_rows_for_one_batch_is_an_error_not_a_hang(minilm_dir, tmp_path)
     (tmp_path / "nli").mkdir()
     rows = ["anchor\tpositive\tnegative"] + [f"a{i} x\tp{i} y\tn{i} z" for i in range(5)]
     (tmp_path / "nli" / "triples.tsv").write_text("\n".join(rows) + "\n")
-    names = register_tasks(model_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
     pipe = InputPipeline(names["nli_triples"], batch_size=8, sequence_length=16, seed=0)
     with pytest.raises(DataError, match=r"nli/triples\.tsv: 5 usable rows cannot fill one batch of batch_size=8 "
                                          r"\('train' split of 'sentemb_nli_triples'"):

@@ -82,17 +82,17 @@ def test_registration_is_lazy_and_require_names_only_what_is_asked(tmp_path, dat
     from sentemb_jax.data.tasks import register_tasks
 
     data = str(_nli_and_stsb_only(tmp_path / "data", data_dir))
-    names = register_tasks(model_dir=minilm_dir, data_dir=data, require=("nli_triples", "sts_pairs"))
+    names = register_tasks(tokenizer_dir=minilm_dir, data_dir=data, require=("nli_triples", "sts_pairs"))
     assert set(names) == {"commqa", "nli_triples", "nli_pairs", "sts_pairs", "sentences", "qa_nli_pairs"}  # names stable
-    assert register_tasks(model_dir=None, data_dir=data) == names  # the check-only call: same names, nothing loaded
+    assert register_tasks(tokenizer_dir=None, data_dir=data) == names  # the check-only call: same names, nothing loaded
     qa = f"{data}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding sentemb_jax.data.register_tasks.data_dir="
     with pytest.raises(DataError) as e:
-        register_tasks(model_dir=None, data_dir=data, require=("qa_nli_pairs",))  # a mixture: its parts' files
+        register_tasks(tokenizer_dir=None, data_dir=data, require=("qa_nli_pairs",))  # a mixture: its parts' files
     assert str(e.value).startswith(qa) and "nli/pairs.tsv" not in str(e.value)  # only the missing one
     with pytest.raises(DataError, match="no such file"):  # a task read anyway names its file when read
         next(iter(InputPipeline(names["commqa"], batch_size=2, sequence_length=16, seed=0)))
     with pytest.raises(DataError, match=rf"^{tmp_path}/absent: no such data directory \(set by gin binding "):
-        register_tasks(model_dir=None, data_dir=str(tmp_path / "absent"), require=("nli_triples",))
+        register_tasks(tokenizer_dir=None, data_dir=str(tmp_path / "absent"), require=("nli_triples",))
 
 
 def test_training_on_a_missing_task_file_names_it_before_any_work(tmp_path, data_dir, capsys, no_model_loading):

@@ -287,7 +287,7 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
     from sentemb_jax.methods import queue_distill as qd
 
     root, files = tiny
-    names = register_tasks(model_dir=str(root / "teacher"), data_dir=data_dir, files={"sentences": files},
+    names = register_tasks(tokenizer_dir=str(root / "teacher"), data_dir=data_dir, files={"sentences": files},
                            views=("none", "word_deletion"), kinds=("sentences",))
     fifth = list(itertools.islice(iter(InputPipeline(names["sentences"], batch_size=16, sequence_length=32, seed=0)), 5))[-1]
     bad = int(fifth["row_id"][0])  # the first row of the train loop's 5th batch (seed 0: the job's order)

@@ -157,7 +157,7 @@ def test_dev_score_of_a_collapsed_model_is_nan_with_the_reason(caplog, tmp_path)
 
     import numpy as np
 
-    from sentemb_jax.training.trainer import _StsDevEvaluator
+    from sentemb_jax.training.loop import StsDevEvaluator
 
     class Collapsed:
         params = None
@@ -167,7 +167,7 @@ def test_dev_score_of_a_collapsed_model_is_nan_with_the_reason(caplog, tmp_path)
 
     (tmp_path / "stsb").mkdir()
     (tmp_path / "stsb" / "dev.tsv").write_text("sentence1\tsentence2\tscore\na\td\t1.0\nb\te\t2.0\nc\tf\t3.0\n")
-    evaluator = _StsDevEvaluator(Collapsed(), str(tmp_path))
+    evaluator = StsDevEvaluator(Collapsed(), str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="sentemb_jax"):
-        assert np.isnan(evaluator({"w": np.zeros(2)}))
+        assert np.isnan(evaluator({"tower": {"w": np.zeros(2)}}))
     assert "the model gives all 3 pairs the same score" in caplog.text

@@ -35,7 +35,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     model_dir = packaged_minilm_path()
-    names = register_tasks(model_dir=model_dir, data_dir=args.data_dir or default_data_dir(), kinds=("nli_pairs",))
+    names = register_tasks(tokenizer_dir=model_dir, data_dir=args.data_dir or default_data_dir(), kinds=("nli_pairs",))
     pipe = iter(InputPipeline(names["nli_pairs"], batch_size=args.batch_size, sequence_length=args.sequence_length, seed=0))
     next(pipe)  # validation of the file and pipeline start-up
     start = time.perf_counter()

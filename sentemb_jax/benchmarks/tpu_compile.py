@@ -349,7 +349,7 @@ def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row
     return choice
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--topology", action="append", default=[], help="e.g. v5e:8x8, v4:2x2x4 (repeatable)")
     parser.add_argument("--gin_file", action="append", default=[],
@@ -368,6 +368,22 @@ def main(argv=None) -> int:
     parser.add_argument("--reanalyze", action="append", default=[],
                         help="a --json file of earlier rows: re-derive FLOPs / collectives / step from their kept "
                              "HLO files (no compile) and print the table (with --json: write them there)")
+    return parser
+
+
+def _print_choice(choice: dict) -> None:
+    print(f"\nSmallest slice that fits, and its fastest mesh ({PREDICTED}):")
+    for (config, gen), r in choice.items():
+        if r is None:
+            print(f"  {config} on {gen}: nothing in the searched slices fits")
+        else:
+            mesh = " x ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "model"))
+            print(f"  {config} on {gen}: {r['topology']} ({r['devices']} chips), mesh {mesh}: "
+                  f"{r['per_device'] / GIB:.2f} GiB per chip, step {r['predicted']['step_s'] * 1e3:.0f} ms")
+
+
+def main(argv=None) -> int:
+    parser = _parser()
     args, rest = parser.parse_known_args(argv)
 
     bindings, unknown = gin_bindings(rest)
@@ -414,16 +430,8 @@ def main(argv=None) -> int:
             by_gen = {}
             for t in args.topology:
                 by_gen.setdefault(generation(t), []).append(t)
-            choice = search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row,
-                            args.hlo_dir)
-            print(f"\nSmallest slice that fits, and its fastest mesh ({PREDICTED}):")
-            for (config, gen), r in choice.items():
-                if r is None:
-                    print(f"  {config} on {gen}: nothing in the searched slices fits")
-                else:
-                    mesh = " x ".join(str(r["mesh"][k]) for k in ("data", "fsdp", "model"))
-                    print(f"  {config} on {gen}: {r['topology']} ({r['devices']} chips), mesh {mesh}: "
-                          f"{r['per_device'] / GIB:.2f} GiB per chip, step {r['predicted']['step_s'] * 1e3:.0f} ms")
+            _print_choice(search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row,
+                                 args.hlo_dir))
         else:
             run_programs(args.gin_file, args.topology, bindings, args.program, args.batch, args.length,
                          args.num_slices, meshes or None, on_row, args.hlo_dir)

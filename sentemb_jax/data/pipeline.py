@@ -18,7 +18,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from sentemb_jax.data.files import DataError
+from sentemb_jax.data.files import DataError, source_lines
+from sentemb_jax.data.tasks import RowFileSource
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 
 
@@ -75,6 +76,19 @@ class InputPipeline:
         self.epoch = 0
         self.step_in_epoch = 0
         self._is_mixture = isinstance(self.provider, seqio.Mixture)
+
+    @property
+    def name(self) -> str:
+        return f"task {self.task!r}"
+
+    def describe(self, batch: Mapping[str, np.ndarray], limit: int = 8) -> str:
+        """`path:line` of a batch's first rows (row ids when the source has no line index)."""
+        row_ids = np.asarray(batch.get("row_id", []))
+        rows = row_ids[:limit].tolist()
+        source = getattr(self.provider, "source", None)  # a mixture has none (its row ids are per task)
+        lines = source_lines(source.index(self.split), rows) if isinstance(source, RowFileSource) else [f"row {r}" for r in rows]
+        more = len(row_ids) - len(rows)
+        return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
 
     # Resumption state (JSON-serialisable); checked against this pipeline's settings.
     def state_dict(self) -> dict:

@@ -1,6 +1,6 @@
 """seqio tasks and mixtures for every kind of training data, registered in one place.
 
-    register_tasks(model_dir=..., data_dir=...)   # gin: sentemb_jax.data.register_tasks.*
+    register_tasks(tokenizer_dir=..., data_dir=...)   # gin: sentemb_jax.data.register_tasks.*
 
 registers (names are `sentemb_<kind>`):
 
@@ -269,9 +269,12 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
     return specs
 
 
+_UNSET = object()
+
+
 @gin.configurable(module="sentemb_jax.data")
 def register_tasks(
-    model_dir: str | None = gin.REQUIRED,
+    tokenizer_dir: str | None = _UNSET,
     data_dir: str = gin.REQUIRED,
     files: Mapping[str, str | Sequence[str] | Mapping[str, str | Sequence[str]]] | None = None,
     on_bad_row: str = "error",
@@ -285,6 +288,7 @@ def register_tasks(
     kinds: Sequence[str] = tuple(DEFAULT_FILES),
     clean: bool = False,
     require: Sequence[str] | bool = (),
+    model_dir: str | None = _UNSET,
 ) -> dict[str, str]:
     """Register the file-backed tasks (and the QA+NLI mixture); returns kind -> task name.
 
@@ -296,12 +300,14 @@ def register_tasks(
       kind registered: a missing one is a DataError naming its path and the gin bindings that
       produced it, before anything is registered or read. The other tasks are registered all the
       same; a missing file of theirs is reported when (if ever) the task is read.
-    model_dir=None: only the checks (arguments, `require`); nothing is registered and no tokenizer
-      is loaded; returns the names the call would register.
+    tokenizer_dir: the model directory whose tokenizer the tasks use (`model_dir`, its name before
+      the layout change, is still accepted). None: only the checks (arguments, `require`); nothing
+      is registered and no tokenizer is loaded; returns the names the call would register.
 
     Row validation happens when a split is first read.
     """
     sel = "sentemb_jax.data.register_tasks"
+    tokenizer_dir = _tokenizer_dir(tokenizer_dir, model_dir, sel)
     v.require_choice(on_bad_row, ("error", "skip"), sel, "on_bad_row")
     v.require_number(augment_rate, sel, "augment_rate", 0, 1, high_open=True)
     low_high = tuple(sts_score_range) if isinstance(sts_score_range, (tuple, list)) else ()
@@ -330,13 +336,13 @@ def register_tasks(
                    "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}
     specs_of = {kind: _specs(kind, data_dir, files, builders[kind]) for kind in kinds}
     _check_required(specs_of, data_dir, tuple(kinds) if require is True else tuple(require or ()))
-    if model_dir is None:
+    if tokenizer_dir is None:
         names = {kind: PREFIX + kind for kind in kinds}
         names.update({m: PREFIX + m for m, parts in MIXTURES.items() if set(parts) <= set(kinds)})
         return names
-    if not os.path.isdir(model_dir):
-        require_model_dir(model_dir, "sentemb_jax.data.register_tasks", "model_dir")
-    tokenizer = tokenizer_spec_for(model_dir)
+    if not os.path.isdir(tokenizer_dir):
+        require_model_dir(tokenizer_dir, sel, "tokenizer_dir")
+    tokenizer = tokenizer_spec_for(tokenizer_dir)
     names = {}
     for kind in kinds:
         specs = specs_of[kind]
@@ -413,11 +419,23 @@ TFDS_TASKS = {
 }
 
 
+def _tokenizer_dir(tokenizer_dir, model_dir, sel: str) -> str | None:
+    """tokenizer_dir, or the same value given by its old name `model_dir` (gin keys users wrote)."""
+    if tokenizer_dir is not _UNSET and model_dir is not _UNSET and tokenizer_dir != model_dir:
+        raise ConfigError(f"{sel}: tokenizer_dir={tokenizer_dir!r} and model_dir={model_dir!r} (its old name) differ; "
+                          "bind tokenizer_dir only")
+    value = tokenizer_dir if tokenizer_dir is not _UNSET else model_dir
+    if value is _UNSET:
+        raise ConfigError(f"{sel}: tokenizer_dir is required (the model directory whose tokenizer the tasks use)")
+    return value
+
+
 @gin.configurable(module="sentemb_jax.data")
-def register_tfds_tasks(model_dir: str = gin.REQUIRED, tfds_data_dir: str | None = None,
-                        kinds: Sequence[str] = tuple(TFDS_TASKS)) -> dict[str, str]:
-    """Tasks over prepared TFDS datasets (entailment pairs, STS-B pairs + score, QQP duplicates)."""
-    tokenizer = tokenizer_spec_for(model_dir)
+def register_tfds_tasks(tokenizer_dir: str | None = _UNSET, tfds_data_dir: str | None = None,
+                        kinds: Sequence[str] = tuple(TFDS_TASKS), model_dir: str | None = _UNSET) -> dict[str, str]:
+    """Tasks over prepared TFDS datasets (entailment pairs, STS-B pairs + score, QQP duplicates);
+    tokenizer_dir as for register_tasks (`model_dir` still accepted)."""
+    tokenizer = tokenizer_spec_for(_tokenizer_dir(tokenizer_dir, model_dir, "sentemb_jax.data.register_tfds_tasks"))
     names = {}
     for kind in kinds:
         tfds_name, mapping = TFDS_TASKS[kind]

@@ -31,6 +31,20 @@ def pair_scores(model, sentences1, sentences2, batch_size: int = 64) -> np.ndarr
     return cosine_scores(model, sentences1, sentences2, batch_size)
 
 
+
+class AveragedPairScores:
+    """A model whose pair score is the mean of several models' (bi-encoders: cosine; cross-encoders:
+    `predict`) - the Trans-Encoder's mutual ensemble at evaluation. An ensemble that averages
+    *embeddings* (and so also encodes) is `methods.ensemble.EnsembleEncoder`."""
+
+    def __init__(self, models):
+        self.models = models
+
+    def predict(self, pairs):
+        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+        return np.mean([pair_scores(m, a, b) for m in self.models], axis=0)
+
+
 def pair_auc(scores, labels, name: str = "pairs") -> float:
     """ROC AUC x 100 (labels 1 = positive); UndefinedScoreError (with the reason) when it is not
     defined: no pairs, one class only, NaN / inf scores."""

@@ -24,7 +24,7 @@ from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS, StsbEvaluator
 from sentemb_jax.jobs.evaluate import check_inputs, sts_inputs, sts_scores
 from sentemb_jax.methods.ensemble import STUDENT_INITS, WEIGHTINGS, EnsembleEncoder, average_submodels, ensemble_weights
 from sentemb_jax.paths import default_data_dir
-from sentemb_jax.run_dir import METRICS_JSONL, RESULTS_JSON, RESULTS_MD
+from sentemb_jax.run_dir import METRICS_JSONL, write_results
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
             f"({history[-1]['train_seconds'] / 60:.1f} min of training); best STS-B dev "
             f"{best.get('stsb_dev_spearman', float('nan')):.2f} at step {best.get('step')}. STS: Spearman x 100.")
     print("\n" + table + "\n\n" + note)
-    with open(os.path.join(model_dir, RESULTS_MD), "w") as f:
-        f.write(table + "\n\n" + note + "\n")
+    write_results(model_dir, {"sts": rows, "best_dev": best, "steps": history[-1]["step"]}, table + "\n\n" + note + "\n")
     shown = [t for t in (*STS_TASKS, "avg") if all(r.get(t) is not None for r in rows.values())]  # no SICK-R test here
     plots.plot_grouped_bars({n: {labels.get(t, t): r[t] for t in shown} for n, r in rows.items()},
                             os.path.join(model_dir, "sts_teacher_student.png"), "STS: teacher, student before / after")
@@ -144,12 +143,10 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     table = sts_rows_table(rows)
     summary = {"submodel_dev": dev, "ensemble_dev": ensemble_dev, "student_dev": student_dev, "weights": weights.tolist(),
                "weighting": weighting, "student_init": init.get("init_from", "start"), "rows": rows}
-    with open(os.path.join(model_dir, RESULTS_JSON), "w") as f:
-        json.dump(summary, f, indent=1)
-    with open(os.path.join(model_dir, RESULTS_MD), "w") as f:
-        student_text = "-" if student_dev is None else f"{student_dev:.2f}"
-        f.write(f"# Ensemble distillation\n\nSTS-B dev: submodels {np.round(dev, 2).tolist()}, ensemble {ensemble_dev:.2f}, "
-                f"student {student_text}; weights ({weighting}): {np.round(weights, 4).tolist()}\n\n{table}\n")
+    student_text = "-" if student_dev is None else f"{student_dev:.2f}"
+    write_results(model_dir, summary, f"# Ensemble distillation\n\nSTS-B dev: submodels {np.round(dev, 2).tolist()}, "
+                  f"ensemble {ensemble_dev:.2f}, student {student_text}; weights ({weighting}): "
+                  f"{np.round(weights, 4).tolist()}\n\n{table}\n")
     print(table)
     return summary
 

@@ -14,7 +14,6 @@ whose files are absent from an existing data directory is left out and named in 
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Sequence
@@ -36,7 +35,7 @@ from sentemb_jax.evaluation.sts import (
     evaluate_sts_tasks,
     sts_task_files,
 )
-from sentemb_jax.run_dir import RESULTS_JSON, RESULTS_MD
+from sentemb_jax.run_dir import read_results, write_results
 
 STSB_SCATTER_PNG = "stsb_test_gold_vs_cosine.png"
 STS_BARS_PNG = "sts_tasks.png"
@@ -114,19 +113,10 @@ def sentglue_inputs(data_dir: str, tasks: Sequence[str]) -> tuple[list[str], lis
 
 def update_results(model_dir: str, model_path: str, sections: dict) -> dict:
     """Merge `sections` into <model_dir>/results.json (same model only), rewrite results.md; the merged dict."""
-    os.makedirs(model_dir, exist_ok=True)
-    path = os.path.join(model_dir, RESULTS_JSON)
-    results = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            previous = json.load(f)
-        if previous.get("model") == model_path:
-            results = previous
+    previous = read_results(model_dir)
+    results = previous if previous is not None and previous.get("model") == model_path else {}
     results.update(model=model_path, model_name=model_display_name(model_path), **sections)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(model_dir, RESULTS_MD), "w", encoding="utf-8") as f:
-        f.write(results_markdown(results))
+    write_results(model_dir, results, results_markdown(results))
     return results
 
 
@@ -170,12 +160,9 @@ def _eval_sts(model_path: str, model_dir: str, data_dir: str, sickr_test_path: s
 def sts_scores(model_path: str, model_dir: str, data_dir: str, make=None, sickr_test_path: str | None = None) -> dict:
     """The `sts` scores of eval_sts for a model, read back from model_dir/results.json when an
     earlier run scored it there; `make()` builds the model when it is not a directory."""
-    path = os.path.join(model_dir, RESULTS_JSON)
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            done = json.load(f)
-        if done.get("model") == model_path and "sts" in done:
-            return done["sts"]
+    done = read_results(model_dir)
+    if done is not None and done.get("model") == model_path and "sts" in done:
+        return done["sts"]
     model = EmbeddingCache(make()) if make else None
     return eval_sts(model_path=model_path, model_dir=model_dir, data_dir=data_dir, sickr_test_path=sickr_test_path,
                     model=model)["sts"]
@@ -301,7 +288,5 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
     print(f"STS-B {split}: spearman={result['spearman']:.2f} pearson={result['pearson']:.2f} "
           f"({result['pairs']} pairs, {result['seconds']} s)")
     if model_dir:
-        os.makedirs(model_dir, exist_ok=True)
-        with open(os.path.join(model_dir, RESULTS_JSON), "w") as f:
-            json.dump(result, f, indent=2)
+        write_results(model_dir, result)
     return result

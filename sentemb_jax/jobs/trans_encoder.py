@@ -23,7 +23,7 @@ from sentemb_jax import validation as v
 from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.encoder import SentenceEncoder
-from sentemb_jax.evaluation.pairs import pair_scores
+from sentemb_jax.evaluation.pairs import AveragedPairScores
 from sentemb_jax.evaluation.sts import cosine_scores
 from sentemb_jax.methods.trans_encoder import (
     SCHEDULES,
@@ -42,7 +42,7 @@ from sentemb_jax.methods.trans_encoder import (
     score_eval_set,
 )
 from sentemb_jax.paths import default_data_dir
-from sentemb_jax.run_dir import RESULTS_JSON
+from sentemb_jax.run_dir import write_results
 from sentemb_jax.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def trans_encoder(
         run.bi_to_cross(cycle, record)
         run.cross_to_bi(cycle, record)
         if len(run.bis) > 1:
-            record["ensemble"] = {"bi": run.scores(_Ensemble(run.bis)), "cross": run.scores(_Ensemble(run.crosses))}
+            record["ensemble"] = {"bi": run.scores(AveragedPairScores(run.bis)), "cross": run.scores(AveragedPairScores(run.crosses))}
         record["seconds"] = time.perf_counter() - t0
         run.results["cycles"].append(record)
         run.results["best"] = run.best
@@ -195,7 +195,7 @@ class _Run:
             init = self.cross_start[i]
             if self.schedule == "sequential":  # the bi-encoder that just made the labels, under the latest head
                 init = {"backbone": self.bis[i].params["backbone"], "head": cross.params["head"]}
-            cross.params, info = self._fit(
+            cross.params, info = self._run_phase(
                 cross, i, "cross", cycle, "bi_to_cross", init, functools.partial(cross_step, module=cross.module),
                 cross.packed_features, self.pairs + self.swapped, np.concatenate([labels[i], labels[i]]), 1000 * cycle + i)
             record["models"].append({"cross": {**self.scores(cross), "epochs": info["history"]}})
@@ -210,36 +210,27 @@ class _Run:
                 init = {**bi.params, "backbone": self.crosses[i].params["backbone"]}
             # Training truncates at the phase's max length; evaluation keeps the model's own.
             tok = Tokenizer(bi.tokenizer.hf, phase.max_length, lowercase=bi.tokenizer.lowercase)
-            bi.params, info = self._fit(
+            bi.params, info = self._run_phase(
                 bi, i, "bi", cycle, "cross_to_bi", init, functools.partial(bi_step, module=bi.module),
                 functools.partial(_packed_pair_features, tok=tok), self.pairs, labels[i], 1000 * cycle + 500 + i)
             record["models"][i]["bi"] = {**self.scores(bi), "epochs": info["history"]}
 
-    def _fit(self, model, i: int, kind: str, cycle: int, direction: str, init, step_fn, features, examples, labels,
+    def _run_phase(self, model, i: int, kind: str, cycle: int, direction: str, init, step_fn, features, examples, labels,
              seed_offset: int):
         """One phase of model i's `kind` encoder; its best by dev is kept in model_<i>/<kind>_best,
         its last in model_<i>/<kind>_last."""
         arrow = {"bi_to_cross": "bi->cross", "cross_to_bi": "cross->bi"}[direction]
+        name = f"model {i} cycle {cycle} {arrow}"
         out = os.path.join(self.model_dir, f"model_{i}", f"cycle_{cycle}", direction)
-        params, info = fit_phase(f"model {i} cycle {cycle} {arrow}", out, init, step_fn, features, examples, labels,
-                                 self.phases[direction], self.seed + seed_offset,
-                                 lambda p: _score_with(model, p, self.dev), self.checkpoint_every,
-                                 self._keeper(model, i, kind, cycle))
+        params, info = fit_phase(name, out, init, step_fn, features, examples, labels, self.phases[direction],
+                                 self.seed + seed_offset, _DevScore(model, self.dev, name), self.checkpoint_every,
+                                 _BestKeeper(self, model, i, kind, cycle))
         key = f"model_{i}/{kind}"  # a phase restored from its checkpoint saved its best dir in the earlier run
         if info["best"] is not None and (key not in self.best or info["best"] > self.best[key]["dev"]):
             self.best[key] = {"dev": info["best"], "cycle": cycle}
         model.params = params
         model.save_pretrained(os.path.join(self.model_dir, f"model_{i}", f"{kind}_last"))
         return params, info
-
-    def _keeper(self, model, i: int, kind: str, cycle: int):
-        key = f"model_{i}/{kind}"
-
-        def save(params, score: float) -> None:
-            if key not in self.best or score > self.best[key]["dev"]:
-                self.best[key] = {"dev": score, "cycle": cycle}
-                _save_with(model, params, os.path.join(self.model_dir, f"model_{i}", f"{kind}_best"))
-        return save
 
     def score_kept_models(self) -> None:
         for key, entry in self.best.items():
@@ -250,8 +241,7 @@ class _Run:
         log.info("kept models: %s", json.dumps(self.best))
 
     def write_results(self) -> None:
-        with open(os.path.join(self.model_dir, RESULTS_JSON), "w") as f:
-            json.dump(self.results, f, indent=2)
+        write_results(self.model_dir, self.results)
 
 
 def _packed_pair_features(batch, tok: Tokenizer) -> dict:
@@ -266,28 +256,39 @@ def _summary(x: np.ndarray) -> dict:
     return {"mean": float(np.mean(x)), "std": float(np.std(x)), "min": float(np.min(x)), "max": float(np.max(x))}
 
 
-def _score_with(model, params, ev: EvalSet) -> float:
-    old, model.params = model.params, jax.device_get(params)
-    try:
-        return score_eval_set(model, ev)
-    finally:
-        model.params = old
+class _DevScore:
+    """A phase's evaluator for the train loop: the dev set's score of `model` with the phase's params."""
+
+    metric = "dev"
+
+    def __init__(self, model, ev: EvalSet, phase: str):
+        self.model, self.ev, self.label = model, ev, f"{phase}: {ev.name}"
+
+    def __call__(self, params) -> float:
+        old, self.model.params = self.model.params, jax.device_get(params)
+        try:
+            return score_eval_set(self.model, self.ev)
+        finally:
+            self.model.params = old
 
 
-def _save_with(model, params, out_dir: str) -> None:
-    old, model.params = model.params, jax.device_get(params)
-    try:
-        model.save_pretrained(out_dir)
-    finally:
-        model.params = old
+class _BestKeeper:
+    """A phase's keeper of the best for the train loop: model_<i>/<kind>_best (a sentence-transformers
+    or cross-encoder directory) when the phase's new best also beats every earlier phase's."""
 
+    def __init__(self, run: _Run, model, i: int, kind: str, cycle: int):
+        self.run, self.model, self.key, self.cycle = run, model, f"model_{i}/{kind}", cycle
+        self.out_dir = os.path.join(run.model_dir, f"model_{i}", f"{kind}_best")
 
-class _Ensemble:
-    """Average of several models' pair scores (bi-encoders: cosine; cross-encoders: predict)."""
+    def save(self, state, score: float) -> None:
+        best = self.run.best.get(self.key)
+        if best is None or score > best["dev"]:
+            self.run.best[self.key] = {"dev": score, "cycle": self.cycle}
+            old, self.model.params = self.model.params, jax.device_get(state.params)
+            try:
+                self.model.save_pretrained(self.out_dir)
+            finally:
+                self.model.params = old
 
-    def __init__(self, models):
-        self.models = models
-
-    def predict(self, pairs):
-        a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-        return np.mean([pair_scores(m, a, b) for m in self.models], axis=0)
+    def wait_until_finished(self) -> None:
+        """Saved synchronously."""

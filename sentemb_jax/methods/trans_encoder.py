@@ -18,7 +18,6 @@ import functools
 import logging
 import math
 import os
-import time
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -26,19 +25,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 import gin
 from sentemb_jax import validation as v
 from sentemb_jax.data.files import DataError, iter_tsv, read_sts_pairs
 from sentemb_jax.data.packing import packing_inputs
+from sentemb_jax.errors import TrainingError
 from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
 from sentemb_jax.evaluation.readers import read_labelled_pairs
 from sentemb_jax.evaluation.sts import correlations
 from sentemb_jax.pooling import l2_normalize
-from sentemb_jax.run_dir import CHECKPOINTS, run_path
+from sentemb_jax.run_dir import CHECKPOINTS, checkpoint_manager
+from sentemb_jax.training.loop import RunState, Schedule, restore_run, run_loop
 from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
+from sentemb_jax.training.sharded import guard_nonfinite
 from sentemb_jax.training.step import TrainState, apply_gradients, embed_packed
 
 log = logging.getLogger(__name__)
@@ -249,53 +250,66 @@ def score_eval_set(model, ev: EvalSet) -> float:
     return correlations(scores, gold, name)["spearman"] if ev.kind == "sts" else pair_auc(scores, gold, name)
 
 
-def fit_phase(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
-         phase: DistillPhase, seed: int, dev: Callable, checkpoint_every: int, save_best: Callable):
-    """Train one phase; resumable from out_dir/checkpoints. Returns (last params, {"best": dev, "history": [...]}).
+class PairBatches:
+    """The loop's batch source for a phase: batches of `batch_size` examples (with their labels)
+    over the in-memory examples, a new permutation each epoch (seed + epoch), the last batch of an
+    epoch short; its position is the number of batches taken (saved with each checkpoint)."""
 
-    The dev score is taken at each epoch end; `save_best(params, score)` is called when it beats
-    the phase's best so far (the caller keeps the best over all phases)."""
-    per_epoch = math.ceil(len(examples) / phase.batch_size)
-    total = per_epoch * phase.epochs
+    def __init__(self, examples: list, labels: np.ndarray, batch_size: int, seed: int, features: Callable, name: str):
+        self.examples, self.labels, self.batch_size, self.seed = examples, np.asarray(labels, np.float32), batch_size, seed
+        self.features, self.name = features, name
+        self.per_epoch = math.ceil(len(examples) / batch_size)
+        self.position = 0
+        self._order: tuple[int, np.ndarray] | None = None
+        self._rows = np.zeros(0, np.int64)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        epoch, b = divmod(self.position, self.per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng(self.seed + epoch).permutation(len(self.examples)))
+        self._rows = self._order[1][b * self.batch_size : (b + 1) * self.batch_size]
+        self.position += 1
+        return {**self.features([self.examples[i] for i in self._rows]), "labels": self.labels[self._rows]}
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state["position"])
+
+    def describe(self, batch) -> str:
+        return f"{self.name}, pairs {self._rows[:8].tolist()}" + (" ..." if len(self._rows) > 8 else "")
+
+
+def fit_phase(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
+              phase: DistillPhase, seed: int, evaluator, checkpoint_every: int, keeper):
+    """Train one phase in the train loop (training.loop.run_loop); resumable from out_dir/checkpoints.
+    Returns (last params, {"best": dev, "history": [one entry per epoch]}).
+
+    `evaluator(params)` (with `metric` and `label`, as the loop's evaluators) is scored at each
+    epoch end; `keeper.save(state, score)` is called when it beats the phase's best so far (the caller
+    keeps the best over all phases)."""
+    batches = PairBatches(examples, labels, phase.batch_size, seed, features, name)
+    total = batches.per_epoch * phase.epochs
     schedule = learning_rate_schedule(phase.learning_rate, int(phase.warmup_ratio * total), total)
     optimizer = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=phase.weight_decay)
-    step = jax.jit(functools.partial(step_fn, optimizer=optimizer, loss=phase.loss), donate_argnums=(0,))
+    step = jax.jit(guard_nonfinite(functools.partial(step_fn, optimizer=optimizer, loss=phase.loss)), donate_argnums=(0,))
     state = init_state(jax.tree_util.tree_map(jnp.array, init_params), optimizer)
-    manager = ocp.CheckpointManager(run_path(out_dir, CHECKPOINTS),
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
-    info = {"best": None, "history": []}
-    if manager.latest_step() is not None:
-        restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(jax.tree_util.tree_map(np.asarray, state)), info=ocp.args.JsonRestore()))
-        state, info = restored["state"], restored["info"]
+    manager = checkpoint_manager(out_dir, CHECKPOINTS, keep=1)
+    restored, resumed = restore_run(manager, jax.tree_util.tree_map(np.asarray, state), out_dir, TrainingError)
+    if restored is not None:
+        state = restored
+        batches.load_state_dict(resumed["input"])
         log.info("%s: resumed at step %d", name, int(state.step))
-    rng = jax.random.PRNGKey(seed)
-    labels = np.asarray(labels, np.float32)
-    start = time.perf_counter()
-    bar = tqdm(total=total, initial=int(state.step), desc=name, unit="step", disable=None)
-    while int(state.step) < total:
-        epoch, offset = divmod(int(state.step), per_epoch)
-        order = np.random.default_rng(seed + epoch).permutation(len(examples))
-        for b in range(offset, per_epoch):
-            idx = order[b * phase.batch_size : (b + 1) * phase.batch_size]
-            batch = {**features([examples[i] for i in idx]), "labels": labels[idx]}
-            state, metrics = step(state, batch, rng)
-            s = int(state.step)
-            bar.update(1)
-            if s % 25 == 0:
-                bar.set_postfix(loss=f"{float(metrics['loss']):.4f}")
-            end_of_epoch = b == per_epoch - 1
-            if end_of_epoch:
-                score = dev(state.params)
-                info["history"].append({"epoch": epoch + 1, "step": s, "loss": float(metrics["loss"]), "dev": score,
-                                        "seconds": time.perf_counter() - start})
-                bar.write(f"{name} epoch {epoch + 1}: loss {float(metrics['loss']):.4f} dev {score:.2f}")
-                if info["best"] is None or score > info["best"]:
-                    info["best"] = score
-                    save_best(state.params, score)
-            if s % checkpoint_every == 0 or end_of_epoch:
-                manager.save(s, args=ocp.args.Composite(state=ocp.args.StandardSave(state), info=ocp.args.JsonSave(info)),
-                             force=True)
-    bar.close()
-    manager.wait_until_finished()
-    return jax.device_get(state.params), info
+    plan = Schedule(total, log_every=25, eval_every=batches.per_epoch, checkpoint_every=checkpoint_every,
+                    checkpoint_at_eval=True)
+    run = RunState(state, out_dir, batches, plan, manager, best=keeper, evaluator=evaluator,
+                   bar=tqdm(total=total, initial=int(state.step), desc=name, unit="step", disable=None),
+                   batch_size=phase.batch_size, skip_setting="the Trans-Encoder (no skipping)", resumed=resumed)
+    run_loop(run, step, lambda batch: batch, jax.random.PRNGKey(seed))
+    history = [{"epoch": e["step"] // batches.per_epoch, "step": e["step"], "loss": e["loss"], "dev": e[evaluator.metric],
+                "seconds": e["train_seconds"]} for e in run.evaluations]
+    return jax.device_get(run.state.params), {"best": run.best[evaluator.metric] if run.best else None, "history": history}

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax import pooling as P
+from sentemb_jax import pooling as pooling_ops
 from sentemb_jax.models import ModelConfig, build_model
 from sentemb_jax.models.common import Dense, gather_tokens
 
@@ -50,5 +50,5 @@ class CrossEncoderModule(nn.Module):
             packed, _ = self.backbone.encode(input_ids, packing["segment_ids"] > 0, deterministic, False, **types,
                                              segment_ids=packing["segment_ids"], positions=packing["positions"])
             last, attention_mask = gather_tokens(packed, packing["token_index"]), packing["token_mask"]
-        pooled = P.first_token_pooling(last) if self.pooling == "first" else P.mean_pooling(last, attention_mask)
+        pooled = pooling_ops.first_token_pooling(last) if self.pooling == "first" else pooling_ops.mean_pooling(last, attention_mask)
         return self.head(self.dropout(pooled, deterministic=deterministic))[:, 0]

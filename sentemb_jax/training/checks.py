@@ -14,7 +14,7 @@ from sentemb_jax.partitioning import make_mesh
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.pooling import POOLING_MODES, check_pooling_modes
 from sentemb_jax.preflight import require_dir, require_model_dir, source
-from sentemb_jax.training.optimizers import make_optimizer
+from sentemb_jax.training.optimizers import make_optimizer, schedule_spans
 from sentemb_jax.validation import (
     PRNG_IMPLS,
     TRAIN,
@@ -57,7 +57,8 @@ def check_train_config(args: dict) -> None:
     if contrastive is not None and a("distill") is None:
         check_contrastive(contrastive)
     check_positions(a("sequence_length"), a("init_from"), TRAIN, "sequence_length")
-    make_optimizer()  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
+    with schedule_spans(a("num_steps")):
+        make_optimizer()  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
     make_mesh()  # its axis sizes against the devices, likewise
 
 
@@ -110,10 +111,10 @@ def check_train_inputs(task: str, data_dir: str | None, init_from: str | None, t
         if not os.path.isdir(data_dir):
             raise DataError(f"{data_dir}: no such data directory (sentemb_jax.train.data_dir unset: "
                             "$SENTEMB_DATA_DIR, else ../shared/data)")
-    names = register_tasks(model_dir=None, data_dir=data_dir)  # the names only: nothing registered or read
+    names = register_tasks(tokenizer_dir=None, data_dir=data_dir)  # the names only: nothing registered or read
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
-    register_tasks(model_dir=None, data_dir=data_dir, require=(task,))
+    register_tasks(tokenizer_dir=None, data_dir=data_dir, require=(task,))
     if eval_every:
         dev = os.path.join(data_dir, "stsb", "dev.tsv")
         if not os.path.isfile(dev):

@@ -1,30 +1,41 @@
-"""What the train loop (sentemb_jax.training.trainer.train) does around each step: the run's
-mutable state (train state, best score, training time, skipped batches) and the periodic actions -
-log, evaluate, checkpoint, stop on a signal - each a method, so the loop body is the step plus
-a short list of them.
+"""The one train loop (`run_loop`) and what it does around each step. Every method trains through
+it: `training.trainer.train` (contrastive, ConGen / SCT / baselines, the ensemble student) and the
+Trans-Encoder's phases (`methods.trans_encoder.fit_phase`). A caller gives it
+
+* a `RunState`: the train state plus everything else a checkpoint holds (the batch source's
+  position, the best score, the training time, skipped batches, the evaluations so far) and the
+  periodic actions - log, evaluate, keep the best, write metrics, checkpoint, stop on a signal -
+  each a method, so the loop body is the step plus a short list of them;
+* a `Schedule` (when each action runs), a jitted step `(state, batch, rng) -> (state, metrics with
+  'loss', 'grad_norm', 'finite')` and the function that turns a source batch into the step's batch.
+
+A batch source iterates batches and has `state_dict()` / `load_state_dict()` (its position),
+`name` and `describe(batch)` (where a batch came from, for the non-finite error): `data.pipeline.InputPipeline`
+for seqio tasks, `methods.trans_encoder.PairBatches` for pseudo-labelled pairs.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import math
 import time
+from typing import Callable
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 from tensorboardX import SummaryWriter
 
-from sentemb_jax.data.files import source_lines
-from sentemb_jax.data.pipeline import InputPipeline
-from sentemb_jax.data.tasks import RowFileSource
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import Preempted, TrainingError, UndefinedScoreError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.paths import is_remote
 from sentemb_jax.run_dir import CHECKPOINTS, TENSORBOARD, run_path
+from sentemb_jax.training import faults, run_record
+from sentemb_jax.training.preemption import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +52,22 @@ def budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:
 
 
 class StsDevEvaluator:
-    """The run's STS-B dev score of the tower being trained (params gathered to the host)."""
+    """The run's STS-B dev score of the tower being trained (params gathered to the host). An
+    evaluator of the loop is `evaluator(state.params) -> float` (higher is better) with `metric`
+    (its key in metrics and checkpoints) and `label` (its name on the console)."""
+
+    metric = "stsb_dev_spearman"
+    label = "STS-B dev spearman"
 
     def __init__(self, encoder: SentenceEncoder, data_dir: str):
         self.encoder = encoder
         self.stsb = StsbEvaluator(data_dir, "dev")
 
-    def __call__(self, tower_params) -> float:
-        """Spearman x 100; NaN, with a warning saying why, when the model gives no ranking (a
-        collapsed model: every pair the same score) - a long run goes on and keeps its best."""
-        self.encoder.params = host_params(tower_params)
+    def __call__(self, params) -> float:
+        """Spearman x 100 of the tower (`params["tower"]`); NaN, with a warning saying why, when the
+        model gives no ranking (a collapsed model: every pair the same score) - a long run goes on
+        and keeps its best."""
+        self.encoder.params = host_params(params["tower"])
         try:
             return self.stsb(self.encoder)["spearman"]
         except UndefinedScoreError as e:
@@ -84,28 +101,61 @@ class MetricsWriter:
         self._writer.close()
 
 
-def batch_sources(pipeline: InputPipeline, batch: dict, limit: int = 8) -> str:
-    """`path:line` of a batch's first rows (row ids when the source has no line index)."""
-    rows = np.asarray(batch.get("row_id", []))[:limit].tolist()
-    source = getattr(pipeline.provider, "source", None)  # a mixture has none (its row ids are per task)
-    lines = source_lines(source.index(pipeline.split), rows) if isinstance(source, RowFileSource) else [f"row {r}" for r in rows]
-    more = len(np.asarray(batch.get("row_id", []))) - len(rows)
-    return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When the loop's periodic actions run (steps count from 1; the last step does all of them)."""
+
+    num_steps: int
+    log_every: int = 10
+    eval_every: int | None = None  # None: no evaluation during the run
+    checkpoint_every: int = 100
+    eval_at_start: bool = False  # score the untrained model before the first step
+    checkpoint_at_eval: bool = False  # a checkpoint after every evaluation too (the Trans-Encoder's epoch ends)
+    time_budget_s: float | None = None  # stop once this much training time (data + steps) has passed
+
+
+class BestCheckpoint:
+    """Keeps the best train state in an orbax manager (MODEL_DIR/best): the train job's keeper. A
+    keeper is `save(state, score)` (called on a new best) and `wait_until_finished()`."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def save(self, state, score: float) -> None:
+        self.manager.save(int(state.step), args=ocp.args.Composite(state=ocp.args.StandardSave(state)), force=True)
+
+    def wait_until_finished(self) -> None:
+        self.manager.wait_until_finished()
+
+
+def restore_run(manager, target, model_dir: str, error: type[Exception]):
+    """(state, data) of the newest checkpoint that restores - `data` is what RunState.save wrote
+    besides the state - or (None, {}) for a new run (damaged newer steps moved aside: run_record)."""
+    _, restored = run_record.restore_newest_good(manager, lambda s: manager.restore(s, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())), model_dir, error)
+    return (None, {}) if restored is None else (restored["state"], restored["data"])
 
 
 class RunState:
-    """The train loop's state between steps and the actions it takes on it. Everything a
-    checkpoint holds besides the train state - the input position, the best score, the training
-    time, the skipped batches - lives here, so a resumed run continues exactly."""
+    """The loop's state between steps and the actions it takes on it. Everything a checkpoint holds
+    besides the train state - the batch source's position, the best score, the training time, the
+    skipped batches, the evaluations - lives here, so a resumed run continues exactly.
 
-    def __init__(self, state, model_dir: str, pipeline: InputPipeline, manager, best_manager, writer,
-                 evaluator, bar, batch_size: int, log_every: int, skip_nonfinite: int, time_budget_s: float | None,
-                 best=None, train_seconds: float = 0.0, skipped: int = 0):
-        self.state, self.model_dir, self.pipeline = state, model_dir, pipeline
-        self.manager, self.best_manager, self.writer, self.evaluator, self.bar = manager, best_manager, writer, evaluator, bar
-        self.batch_size, self.log_every, self.skip_nonfinite, self.time_budget_s = batch_size, log_every, skip_nonfinite, time_budget_s
-        self.best, self.train_seconds, self.skipped = best, train_seconds, skipped
-        self.batches = iter(pipeline)
+    resumed: the checkpoint's data (`restore_run`), {} for a new run. best: the keeper of the best
+    state (BestCheckpoint, or a method's own); writer: a MetricsWriter or None (other processes)."""
+
+    def __init__(self, state, model_dir: str, batches, schedule: Schedule, manager, *, best=None, writer=None,
+                 evaluator=None, bar=None, batch_size: int = 1, skip_nonfinite: int = 0,
+                 skip_setting: str = "train.skip_nonfinite", resumed: dict | None = None):
+        resumed = resumed or {}
+        self.state, self.model_dir, self.batches, self.schedule, self.manager = state, model_dir, batches, schedule, manager
+        self.keeper, self.writer, self.evaluator, self.bar = best, writer, evaluator, bar
+        self.batch_size, self.skip_nonfinite, self.skip_setting = batch_size, skip_nonfinite, skip_setting
+        self.best = resumed.get("best")
+        self.train_seconds = float(resumed.get("train_seconds", 0.0))
+        self.skipped = int(resumed.get("skipped_batches", 0))
+        self.evaluations: list[dict] = list(resumed.get("evaluations", []))
+        self.iterator = iter(batches)
         self.metrics: dict = {}
         self.bad_in_a_row = 0
         self.tick = time.perf_counter()
@@ -115,26 +165,26 @@ class RunState:
         return int(self.state.step)
 
     def out_of_time(self) -> bool:
-        return budget_spent(self.train_seconds, self.time_budget_s)
+        return budget_spent(self.train_seconds, self.schedule.time_budget_s)
 
-    def next_batch(self, task: str) -> dict:
+    def next_batch(self) -> dict:
         try:
-            return next(self.batches)
+            return next(self.iterator)
         except StopIteration:
-            raise TrainingError(f"task {task!r} ran out of data at step {self.step}") from None
+            raise TrainingError(f"{self.batches.name} ran out of data at step {self.step}") from None
 
     def accept(self, state, out: dict, batch: dict, started: float, before: int) -> bool:
         """Take the step's state; False for a non-finite loss / gradient (the state is then the one
-        before: the batch is skipped and counted, or the job stops when train.skip_nonfinite allows
-        no more bad batches in a row). `before`: the step the state was at."""
+        before: the batch is skipped and counted, or the job stops when skip_nonfinite allows no
+        more bad batches in a row). `before`: the step the state was at."""
         self.state = state
         if not bool(out["finite"]):
-            where = batch_sources(self.pipeline, batch)
+            where = self.batches.describe(batch)
             what = f"non-finite loss / gradient (loss {float(out['loss'])}, grad norm {float(out['grad_norm'])})"
             self.bad_in_a_row += 1
             if self.bad_in_a_row > self.skip_nonfinite:
-                why = f"{self.bad_in_a_row} bad batches in a row, train.skip_nonfinite={self.skip_nonfinite}" \
-                    if self.skip_nonfinite else "train.skip_nonfinite=N skips up to N bad batches in a row"
+                why = f"{self.bad_in_a_row} bad batches in a row, {self.skip_setting}={self.skip_nonfinite}" \
+                    if self.skip_nonfinite else f"{self.skip_setting}=N skips up to N bad batches in a row"
                 raise TrainingError(f"{what} at step {before + 1}; batch from {where}. Nothing of this step was "
                                     f"saved (last checkpoint: step {self.manager.latest_step()}) ({why})")
             self.skipped += 1
@@ -149,24 +199,33 @@ class RunState:
         out = {k: float(v) for k, v in jax.device_get(out).items() if k != "finite"}
         if self.skipped:
             out["skipped_batches"] = self.skipped
-        rate = self.log_every * self.batch_size / (time.perf_counter() - self.tick)
+        rate = self.schedule.log_every * self.batch_size / (time.perf_counter() - self.tick)
         self.tick = time.perf_counter()
         self.metrics = {"step": self.step, **out, "pairs_per_s": rate, "train_seconds": self.train_seconds}
-        self.bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
 
-    def evaluate(self, untrained: bool = False) -> None:
-        """STS-B dev of the current tower; a new best is kept in MODEL_DIR/best (not the untrained
-        model's score, taken before the first step with train.eval_at_start)."""
-        step, score = self.step, self.evaluator(self.state.params["tower"])
-        self.metrics = {**self.metrics, "step": step, "train_seconds": self.train_seconds, "stsb_dev_spearman": score}
+    def evaluate(self, out: dict | None = None, untrained: bool = False) -> None:
+        """The evaluator's score of the current params, recorded in `evaluations` with the step's
+        loss; a new best is given to the keeper (not the untrained model's score, taken before the
+        first step with Schedule.eval_at_start)."""
+        step, score, name = self.step, self.evaluator(self.state.params), self.evaluator.metric
+        self.metrics = {**self.metrics, "step": step, "train_seconds": self.train_seconds, name: score}
+        label = f"step {step}: {self.evaluator.label} {score:.2f}"
         if untrained:
-            self.bar.write(f"step {step}: STS-B dev spearman {score:.2f} (untrained)")
+            self._write(f"{label} (untrained)")
             return
-        if not math.isnan(score) and (self.best is None or score > self.best["stsb_dev_spearman"]):
-            self.best = {"step": step, "stsb_dev_spearman": score}
-            self.best_manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(self.state)), force=True)
-        best = f" (best {self.best['stsb_dev_spearman']:.2f} at {self.best['step']})" if self.best else ""
-        self.bar.write(f"step {step}: STS-B dev spearman {score:.2f}{best}")
+        self.evaluations.append({"step": step, "loss": float(out["loss"]) if out else None, name: score,
+                                 "train_seconds": self.train_seconds})
+        if not math.isnan(score) and (self.best is None or score > self.best[name]):
+            self.best = {"step": step, name: score}
+            if self.keeper is not None:
+                self.keeper.save(self.state, score)
+        best = f" (best {self.best[name]:.2f} at {self.best['step']})" if self.best else ""
+        self._write(label + best)
+
+    def _write(self, line: str) -> None:
+        (self.bar.write if self.bar is not None else log.info)(line)
 
     def write_metrics(self) -> None:
         if self.writer is not None and self.metrics.get("step") == self.step:  # process 0 only
@@ -175,8 +234,9 @@ class RunState:
     def save(self) -> None:
         self.manager.save(self.step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(self.state),
-            data=ocp.args.JsonSave({"input": self.pipeline.state_dict(), "best": self.best,
-                                    "train_seconds": self.train_seconds, "skipped_batches": self.skipped})), force=True)
+            data=ocp.args.JsonSave({"input": self.batches.state_dict(), "best": self.best,
+                                    "train_seconds": self.train_seconds, "skipped_batches": self.skipped,
+                                    "evaluations": self.evaluations})), force=True)
 
     def stop_if_requested(self, signum: int | None, saved: bool) -> None:
         """SIGTERM (preemption) / Ctrl-C: this step is checkpointed, then the job stops (Preempted)."""
@@ -188,6 +248,52 @@ class RunState:
 
     def close(self) -> None:
         """After the loop, however it ended: no checkpoint write left half done."""
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
         self.manager.wait_until_finished()
-        self.best_manager.wait_until_finished()
+        if self.keeper is not None:
+            self.keeper.wait_until_finished()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, context=None) -> None:
+    """The loop: a step, then the periodic actions (log, evaluate, write metrics, checkpoint, stop
+    on a signal) as `run.schedule` says. `device_batch` turns a source batch into the step's batch
+    (a method's features, packing, placement on the mesh); `context` is entered around the loop
+    (e.g. the mesh's activation-sharding rules)."""
+    sched = run.schedule
+    if run.evaluator and sched.eval_at_start and run.step == 0:
+        run.evaluate(untrained=True)
+        run.write_metrics()
+    faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
+    try:
+        with context or contextlib.nullcontext(), StopSignals() as stop_signals:
+            # A rerun of a run that already spent its budget stops at once (it does not take a step more).
+            while run.step < sched.num_steps and not run.out_of_time():
+                started = time.perf_counter()
+                batch = run.next_batch()
+                before = run.step
+                state, out = step_fn(run.state, device_batch(batch), rng)  # donates run.state
+                if not run.accept(state, out, batch, started, before):  # waits for the step
+                    continue
+                step, out_of_time = run.step, run.out_of_time()
+                last = step == sched.num_steps or out_of_time
+                if step % sched.log_every == 0 or last:
+                    run.log(out)
+                evaluated = bool(run.evaluator) and (step % sched.eval_every == 0 or last)
+                if evaluated:
+                    run.evaluate(out)
+                run.write_metrics()
+                saved = step % sched.checkpoint_every == 0 or last or (evaluated and sched.checkpoint_at_eval)
+                if saved:
+                    run.save()
+                if run.bar is not None:
+                    run.bar.update(1)
+                faults.after_step(step, run.manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
+                run.stop_if_requested(stop_signals.requested(), saved)
+                if out_of_time:
+                    log.info("time budget of %.0f s of training reached at step %d", sched.time_budget_s, step)
+                    break
+    finally:  # an error stops the loop, not a checkpoint write already under way
+        run.close()

@@ -1,10 +1,27 @@
 """Optimisers (optax) with the schedules the papers use."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import optax
 
 import gin
 from sentemb_jax import validation as v
+
+_RUN_STEPS: contextvars.ContextVar[int | None] = contextvars.ContextVar("run_steps", default=None)
+
+
+@contextlib.contextmanager
+def schedule_spans(num_steps: int):
+    """Within it, a learning_rate_schedule whose total_steps is unbound lasts `num_steps`: the train
+    job builds its optimizer inside `schedule_spans(train.num_steps)`, so a gin file binds the
+    number of steps once (an explicit learning_rate_schedule.total_steps still wins)."""
+    token = _RUN_STEPS.set(num_steps)
+    try:
+        yield
+    finally:
+        _RUN_STEPS.reset(token)
 
 
 @gin.configurable(module="sentemb_jax")
@@ -13,8 +30,11 @@ def learning_rate_schedule(peak: float = 1e-3, warmup_steps: int = 0, total_step
     """Linear warm-up to `peak`, then linear decay to 0 at `total_steps` (or constant).
 
     warmup_fraction: warm up over this share of `total_steps` instead of `warmup_steps`.
+    total_steps None: the run's train.num_steps inside the train job (`schedule_spans`).
     Each value is checked (ConfigError naming its gin binding or argument and the allowed range)."""
     sel = "sentemb_jax.learning_rate_schedule"
+    if total_steps is None:
+        total_steps = _RUN_STEPS.get()
     v.require_choice(decay, ("linear", "constant"), sel, "decay")
     v.require_number(peak, sel, "peak", 0, low_open=True)
     v.require_int(warmup_steps, sel, "warmup_steps", 0)

@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import shutil
-import time
 
 import flax.linen as nn
 import jax
@@ -42,13 +41,21 @@ from sentemb_jax.errors import TrainingError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
-from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, run_path
+from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, checkpoint_manager, run_path
 from sentemb_jax.tokenization import Tokenizer
-from sentemb_jax.training import faults, run_record
+from sentemb_jax.training import run_record
 from sentemb_jax.training.checks import check_train_config, check_train_inputs
-from sentemb_jax.training.loop import MetricsWriter, RunState, StsDevEvaluator, host_params
-from sentemb_jax.training.optimizers import make_optimizer
-from sentemb_jax.training.preemption import StopSignals
+from sentemb_jax.training.loop import (
+    BestCheckpoint,
+    MetricsWriter,
+    RunState,
+    Schedule,
+    StsDevEvaluator,
+    host_params,
+    restore_run,
+    run_loop,
+)
+from sentemb_jax.training.optimizers import make_optimizer, schedule_spans
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
 
@@ -212,13 +219,15 @@ def train(
     data_dir = data_dir or default_data_dir()
     encoder, tokenizer_dir = _start_encoder(init_from, tokenizer_dir, pooling, config_overrides, sequence_length,
                                             init_layers, init_random)
-    names = register_tasks(model_dir=tokenizer_dir, data_dir=data_dir)
+    names = register_tasks(tokenizer_dir=tokenizer_dir, data_dir=data_dir)
     if task not in names:
         raise TrainingError(f"task {task!r} unknown; registered: {sorted(names)}")
     method = distill.make_method(sequence_length, seed) if distill is not None else ContrastiveMethod(contrastive)
     method.prepare(names[task], encoder)
     encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
-    optimizer, mesh = make_optimizer(), make_mesh()
+    with schedule_spans(num_steps):  # the schedule lasts train.num_steps unless gin binds its total_steps
+        optimizer = make_optimizer()
+    mesh = make_mesh()
     fixed_padding = _check_processes(batch_size, pack, fixed_padding)
     pipeline = _input_pipeline(names[task], batch_size, sequence_length, seed, fixed_padding, same_length)
     first = _init_batch(method.sides[0])
@@ -234,74 +243,41 @@ def train(
                          method=distill if distill is not None else contrastive, data_files=_task_files(names[task]))
     if manager.latest_step() is not None:  # a resume: only with the configuration and data it was made with
         run_record.check_resume(model_dir, record, allow_config_change, TrainingError)
-    step0, restored = run_record.restore_newest_good(
-        manager, lambda s: manager.restore(s, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(restore_target), data=ocp.args.JsonRestore())), model_dir, TrainingError)
-    if restored is not None:
-        state, resumed = restored["state"], restored["data"]
+    state, resumed = restore_run(manager, restore_target, model_dir, TrainingError)
+    if state is not None:
         pipeline.load_state_dict(resumed["input"])
-        log.info("resumed from %s at step %d", model_dir, step0)
+        log.info("resumed from %s at step %d", model_dir, int(state.step))
     else:
-        tower = _initial_tower(encoder, first, shardings, seed, params_from, restore_target)
-        state, resumed = method.initial_state(tower, optimizer, shardings), {}
+        state = method.initial_state(_initial_tower(encoder, first, shardings, seed, params_from, restore_target),
+                                     optimizer, shardings)
     if is_primary():  # run metadata only now that every check has passed (a refused start rewrites nothing)
         _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
         run_record.write(model_dir, record)
-    run = RunState(state, model_dir, pipeline, manager, best_manager,
-                   MetricsWriter(model_dir, run_path(model_dir, METRICS_JSONL)) if is_primary() else None,
-                   StsDevEvaluator(encoder, data_dir) if eval_every else None,
-                   tqdm(total=num_steps, initial=int(state.step), desc="train", unit="step", disable=None),
-                   batch_size, log_every, skip_nonfinite, time_budget_s, best=resumed.get("best"),
-                   train_seconds=float(resumed.get("train_seconds", 0.0)), skipped=int(resumed.get("skipped_batches", 0)))
-    _run_loop(run, step_fn, method, mesh, task, num_steps, seed, pack, sequence_length, eval_every, eval_at_start,
-              checkpoint_every)
-    if run.writer:
-        run.writer.close()
+    schedule = Schedule(num_steps, log_every, eval_every, checkpoint_every, eval_at_start, time_budget_s=time_budget_s)
+    run = RunState(state, model_dir, pipeline, schedule, manager, best=BestCheckpoint(best_manager),
+                   writer=MetricsWriter(model_dir, run_path(model_dir, METRICS_JSONL)) if is_primary() else None,
+                   evaluator=StsDevEvaluator(encoder, data_dir) if eval_every else None,
+                   bar=tqdm(total=num_steps, initial=int(state.step), desc="train", unit="step", disable=None),
+                   batch_size=batch_size, skip_nonfinite=skip_nonfinite, resumed=resumed)
+    run_loop(run, step_fn, _device_batch(method, mesh, pack, sequence_length, pipeline.pad_id), jax.random.PRNGKey(seed),
+             context=activation_rules(mesh))
     if export_dir:
-        _export_tower(run, encoder, restore_target, export_dir)
+        _export_tower(run, encoder, best_manager, restore_target, export_dir)
     return {**run.metrics, "best": run.best}
 
 
-def _run_loop(run: RunState, step_fn, method, mesh, task: str, num_steps: int, seed: int, pack: bool,
-              sequence_length: int, eval_every: int | None, eval_at_start: bool, checkpoint_every: int) -> None:
-    """The loop: a step, then the periodic actions (log, evaluate, checkpoint, stop on a signal)."""
-    rng = jax.random.PRNGKey(seed)
-    if run.evaluator and eval_at_start and run.step == 0:
-        run.evaluate(untrained=True)
-        run.write_metrics()
-    faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
-    try:
-        with activation_rules(mesh), StopSignals() as stop_signals:
-            # A rerun of a run that already spent its budget stops at once (it does not take a step more).
-            while run.step < num_steps and not run.out_of_time():
-                started = time.perf_counter()
-                batch = run.next_batch(task)
-                model_batch = method.model_batch(batch)
-                if pack:
-                    model_batch = pack_batch(model_batch, method.sides, sequence_length, run.pipeline.pad_id,
-                                             row_multiple=math.lcm(8, batch_shards(mesh)))
-                before = run.step
-                state, out = step_fn(run.state, shard_batch(model_batch, mesh), rng)  # donates run.state
-                if not run.accept(state, out, batch, started, before):  # waits for the step
-                    continue
-                step, out_of_time = run.step, run.out_of_time()
-                last = step == num_steps or out_of_time
-                if step % run.log_every == 0 or last:
-                    run.log(out)
-                if run.evaluator and (step % eval_every == 0 or last):
-                    run.evaluate()
-                run.write_metrics()
-                saved = step % checkpoint_every == 0 or last
-                if saved:
-                    run.save()
-                run.bar.update(1)
-                faults.after_step(step, run.manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
-                run.stop_if_requested(stop_signals.requested(), saved)
-                if out_of_time:
-                    log.info("time budget of %.0f s of training reached at step %d", run.time_budget_s, step)
-                    break
-    finally:  # an error stops the loop, not a checkpoint write already under way
-        run.close()
+def _device_batch(method, mesh, pack: bool, sequence_length: int, pad_id: int):
+    """A pipeline batch -> the step's batch: the method's features, packed rows (train.pack),
+    placed along the mesh's data axes."""
+
+    def device_batch(batch: dict) -> dict:
+        model_batch = method.model_batch(batch)
+        if pack:
+            model_batch = pack_batch(model_batch, method.sides, sequence_length, pad_id,
+                                     row_multiple=math.lcm(8, batch_shards(mesh)))
+        return shard_batch(model_batch, mesh)
+
+    return device_batch
 
 
 def _task_files(task_name: str) -> list[str]:
@@ -337,7 +313,7 @@ def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> Se
 
 def _params_from_run(run_dir: str, restore_target: TrainState):
     """Tower params of another run's latest checkpoint (stage 2 of two-stage training)."""
-    manager = ocp.CheckpointManager(run_path(run_dir, CHECKPOINTS))
+    manager = checkpoint_manager(run_dir, CHECKPOINTS, create=False)
     step = manager.latest_step()
     if step is None:
         raise TrainingError(f"params_from={run_dir}: no checkpoint found under {run_dir}/checkpoints")
@@ -399,11 +375,7 @@ def _init_batch(side: str) -> dict:
 
 def _checkpoint_managers(model_dir: str, keep_checkpoints: int):
     """MODEL_DIR/checkpoints (the last `keep_checkpoints`) and MODEL_DIR/best (one)."""
-    manager = ocp.CheckpointManager(run_path(model_dir, CHECKPOINTS),
-                                    options=ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True))
-    best_manager = ocp.CheckpointManager(run_path(model_dir, BEST),
-                                         options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
-    return manager, best_manager
+    return checkpoint_manager(model_dir, CHECKPOINTS, keep=keep_checkpoints), checkpoint_manager(model_dir, BEST, keep=1)
 
 
 def _run_record(module, init_from, tokenizer_dir, init_layers, init_random, config_overrides, params_from, **run) -> dict:
@@ -429,11 +401,11 @@ def _initial_tower(encoder: SentenceEncoder, first: dict, shardings, seed: int, 
     return tower
 
 
-def _export_tower(run: RunState, encoder: SentenceEncoder, restore_target, export_dir: str) -> None:
+def _export_tower(run: RunState, encoder: SentenceEncoder, best_manager, restore_target, export_dir: str) -> None:
     """The best tower by STS-B dev (the last one when nothing was scored) as a sentence-transformers directory."""
     tower = run.state.params["tower"]
-    if run.best is not None and run.best_manager.latest_step() is not None:
-        restored = run.best_manager.restore(run.best_manager.latest_step(), args=ocp.args.Composite(
+    if run.best is not None and best_manager.latest_step() is not None:
+        restored = best_manager.restore(best_manager.latest_step(), args=ocp.args.Composite(
             state=ocp.args.StandardRestore(restore_target)))
         tower = restored["state"].params["tower"]
     encoder.params = host_params(tower)
