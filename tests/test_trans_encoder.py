@@ -2,6 +2,7 @@
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -133,3 +134,38 @@ def test_bad_settings_fail_before_training(tmp_path, minilm_dir):
     with pytest.raises(ValueError, match="relabel mode 'zscore'"):
         trans_encoder_job(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev,
                          bi_to_cross=te.DistillPhase(relabel="zscore"))
+
+
+def test_sigterm_in_a_phase_checkpoints_and_the_rerun_ends_as_uninterrupted(tmp_path, data_dir, minilm_dir, monkeypatch):
+    """The phases run in the one train loop: SIGTERM (preemption) after step 3 of the bi -> cross
+    phase checkpoints that step and stops the job (Preempted, exit 143 on the command line); the
+    same call again resumes the phase at step 3 and ends with the parameters and dev scores of an
+    uninterrupted run."""
+    from sentemb_jax.cross_encoder import CrossEncoder
+    from sentemb_jax.errors import Preempted
+
+    rows = open(os.path.join(data_dir, "stsb", "train.tsv"), encoding="utf-8").read().splitlines()[:49]
+    pairs_file = tmp_path / "pairs.tsv"
+    pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    model = _tiny_bert(tmp_path / "m", minilm_dir, seed=0)
+    dev = te.EvalSet("stsb_dev_head", os.path.join(data_dir, "stsb", "dev.tsv"), "sts", (0, 100))
+    kw = dict(bi_encoders=[model], pair_files=[str(pairs_file)], dev=dev, cycles=1, checkpoint_every=100,
+              bi_to_cross=te.DistillPhase(learning_rate=1e-3, batch_size=16, epochs=2, max_length=32, relabel="minmax"),
+              cross_to_bi=te.DistillPhase(learning_rate=1e-3, batch_size=32, epochs=1, max_length=32, loss="mse"))
+    whole = trans_encoder_job(model_dir=str(tmp_path / "whole"), **kw)
+    monkeypatch.setenv("SENTEMB_FAULT", "sigterm_after_step:3")
+    with pytest.raises(Preempted) as stopped:
+        trans_encoder_job(model_dir=str(tmp_path / "cut"), **kw)
+    assert stopped.value.step == 3
+    phase_dir = tmp_path / "cut" / "model_0" / "cycle_1" / "bi_to_cross" / "checkpoints"
+    assert sorted(os.listdir(phase_dir)) == ["3"]  # step 3 is no checkpoint step: saved because of the signal
+    monkeypatch.delenv("SENTEMB_FAULT")
+    resumed = trans_encoder_job(model_dir=str(tmp_path / "cut"), **kw)
+    def scores(r):  # every phase's dev / epoch losses (times differ), to 5 decimals
+        return [[(k, e["epoch"], e["step"], round(e["loss"], 5), round(e["dev"], 5)) for k in ("cross", "bi")
+                 for e in m[k]["epochs"]] + [round(m[k]["dev"], 5) for k in ("cross", "bi")]
+                for m in r["cycles"][0]["models"]]
+    assert scores(resumed) == scores(whole)
+    assert [e["epoch"] for e in whole["cycles"][0]["models"][0]["cross"]["epochs"]] == [1, 2]
+    a, b = (CrossEncoder.from_pretrained(str(tmp_path / d / "model_0" / "cross_last")).params for d in ("whole", "cut"))
+    assert max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))) <= 1e-6
