@@ -200,10 +200,16 @@ def eval_transfer(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
 
 def _eval_transfer(model_path: str, model_dir: str, data_dir: str, tasks: Sequence[str], kfold: int, seed: int,
                    batch_size: int, model: EmbeddingCache | None) -> dict:
+    return _seeded_section(model_dir, model_path, "transfer", seed, lambda: transfer.evaluate_transfer(
+        _given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size))
+
+
+def _seeded_section(model_dir: str, model_path: str, name: str, seed: int, score) -> dict:
+    """`score()` merged into results.json as section `name` with its seed and seconds; prints the tables."""
     start = time.time()
-    result = transfer.evaluate_transfer(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size)
-    results = update_results(model_dir, model_path, {"transfer": result, "transfer_seed": seed,
-                                                     "transfer_seconds": round(time.time() - start, 2)})
+    result = score()
+    results = update_results(model_dir, model_path, {name: result, f"{name}_seed": seed,
+                                                     f"{name}_seconds": round(time.time() - start, 2)})
     print(results_markdown(results))
     return results
 
@@ -221,13 +227,8 @@ def eval_sentglue(model_path: str = gin.REQUIRED, model_dir: str = gin.REQUIRED,
 
 def _eval_sentglue(model_path: str, model_dir: str, data_dir: str, sicke_test_path: str | None, tasks: Sequence[str],
                    kfold: int, seed: int, batch_size: int, model: EmbeddingCache | None) -> dict:
-    start = time.time()
-    result = sentglue.evaluate_sentglue(_given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size,
-                                        sicke_test_path)
-    results = update_results(model_dir, model_path, {"sentglue": result, "sentglue_seed": seed,
-                                                     "sentglue_seconds": round(time.time() - start, 2)})
-    print(results_markdown(results))
-    return results
+    return _seeded_section(model_dir, model_path, "sentglue", seed, lambda: sentglue.evaluate_sentglue(
+        _given_or_loaded(model, model_path), data_dir, tasks, kfold, seed, batch_size, sicke_test_path))
 
 
 @gin.configurable(module="sentemb_jax")
