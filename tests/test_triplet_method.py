@@ -30,7 +30,7 @@ def test_loss_equals_hand_computation():
         assert got == pytest.approx(by_hand(e["anchor"], e["positive"], e["negative"], margin), abs=1e-6)
     assert float(triplet_margin_loss(e, {}, None, cfg, margin=2.0)) > 0.5  # not trivially zero
     with pytest.raises(ValueError, match="needs a hard negative"):
-        triplet_margin_loss(e, {}, None, ContrastiveConfig())
+        triplet_margin_loss(e, {}, None, ContrastiveConfig(negative=None))  # explicit: gin state of other tests aside
 
 
 def test_train_step_uses_the_configured_loss():
