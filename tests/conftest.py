@@ -64,3 +64,14 @@ def small_sts_data_dir(data_dir, tmp_path_factory) -> str:
                 with open(os.path.join(dirpath, f), encoding="utf-8") as fin, open(out / f, "w", encoding="utf-8") as fout:
                     fout.writelines(itertools.islice(fin, 41))  # the header + 40 pairs
     return str(root)
+
+
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_between_tests():
+    """Each test starts and ends with no gin bindings: a test that parsed a gin file in-process
+    must not change what `ContrastiveConfig()` (or any configurable) gives in a later test."""
+    import gin
+
+    gin.clear_config()
+    yield
+    gin.clear_config()
