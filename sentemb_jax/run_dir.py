@@ -58,9 +58,9 @@ def read_results(model_dir: str) -> dict | None:
         return json.load(f)
 
 
-def write_results(model_dir: str, results: dict, markdown: str | None = None) -> str:
+def write_results(model_dir: str, results: dict, markdown: str | None = None) -> None:
     """Write MODEL_DIR/results.json (and results.md when given) by replacing the old file whole (a
-    crash mid-write leaves the old one); the one writer of every job's results. Returns its path."""
+    crash mid-write leaves the old one); the one writer of every job's results."""
     os.makedirs(model_dir, exist_ok=True)
     for name, text in ((RESULTS_JSON, json.dumps(results, indent=2)), (RESULTS_MD, markdown)):
         if text is not None:
@@ -68,4 +68,3 @@ def write_results(model_dir: str, results: dict, markdown: str | None = None) ->
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(path + ".tmp", path)
-    return os.path.join(model_dir, RESULTS_JSON)

@@ -38,7 +38,7 @@ from sentemb_jax.errors import ConfigError  # a gin file the compile-only tools 
 from sentemb_jax.methods import trans_encoder as te
 from sentemb_jax.methods.queue_distill import QueueDistillMethod
 from sentemb_jax.models.cross import CrossEncoderModule
-from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer, schedule_spans
+from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer, run_optimizer
 from sentemb_jax.training.sharded import activation_rules, tower_shardings
 from sentemb_jax.training.trainer import ContrastiveMethod, _with_projection, tower_module
 
@@ -187,8 +187,7 @@ def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), device
         method = ContrastiveMethod(cfg)
         info_method = "contrastive"
     steps = validation.bound_value("sentemb_jax.train.num_steps")  # a macro resolved
-    with schedule_spans(steps if isinstance(steps, int) else 1):  # as train() builds its optimizer
-        optimizer = make_optimizer()
+    optimizer = run_optimizer(steps if isinstance(steps, int) else 1)  # as train() builds it
     mesh = partitioning.make_mesh(devices=devices)
     example = {f"{s}_{k}": np.ones((1, 8), np.int32) for s in method.sides for k in ("input_ids", "attention_mask")}
     step, abstract, shardings = method.build_step(module, optimizer, mesh, example)

@@ -6,6 +6,7 @@ sentemb_jax.methods.trans_encoder).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -173,8 +174,17 @@ class _Run:
             self.results["models"].append({"bi_encoder": path, "start": self.scores(self.bis[i])})
             log.info("model %d start: %s", i, self.results["models"][-1]["start"])
 
-    def scores(self, model) -> dict:
-        return {"dev": score_eval_set(model, self.dev), **{ev.name: score_eval_set(model, ev) for ev in self.report}}
+    def scores(self, model, dev: float | None = None) -> dict:
+        """The dev and report sets' scores of `model`; `dev` given: the loop's last evaluation of these params."""
+        return {"dev": score_eval_set(model, self.dev) if dev is None else dev,
+                **{ev.name: score_eval_set(model, ev) for ev in self.report}}
+
+    def keep_if_best(self, key: str, score: float, cycle: int) -> bool:
+        """Record `score` as model_<i>/<kind>'s best over every phase when it beats the one before."""
+        if key in self.best and score <= self.best[key]["dev"]:
+            return False
+        self.best[key] = {"dev": score, "cycle": cycle}
+        return True
 
     def labels(self, kind: str, mode: str) -> list[np.ndarray]:
         """Each model's pseudo-labels of the pairs from its `kind` encoder (their mean when mutual), relabelled."""
@@ -198,7 +208,7 @@ class _Run:
             cross.params, info = self._run_phase(
                 cross, i, "cross", cycle, "bi_to_cross", init, functools.partial(cross_step, module=cross.module),
                 cross.packed_features, self.pairs + self.swapped, np.concatenate([labels[i], labels[i]]), 1000 * cycle + i)
-            record["models"].append({"cross": {**self.scores(cross), "epochs": info["history"]}})
+            record["models"].append({"cross": {**self.scores(cross, info["history"][-1]["dev"]), "epochs": info["history"]}})
 
     def cross_to_bi(self, cycle: int, record: dict) -> None:
         phase = self.phases["cross_to_bi"]
@@ -213,7 +223,7 @@ class _Run:
             bi.params, info = self._run_phase(
                 bi, i, "bi", cycle, "cross_to_bi", init, functools.partial(bi_step, module=bi.module),
                 functools.partial(_packed_pair_features, tok=tok), self.pairs, labels[i], 1000 * cycle + 500 + i)
-            record["models"][i]["bi"] = {**self.scores(bi), "epochs": info["history"]}
+            record["models"][i]["bi"] = {**self.scores(bi, info["history"][-1]["dev"]), "epochs": info["history"]}
 
     def _run_phase(self, model, i: int, kind: str, cycle: int, direction: str, init, step_fn, features, examples, labels,
              seed_offset: int):
@@ -225,9 +235,8 @@ class _Run:
         params, info = fit_phase(name, out, init, step_fn, features, examples, labels, self.phases[direction],
                                  self.seed + seed_offset, _DevScore(model, self.dev, name), self.checkpoint_every,
                                  _BestKeeper(self, model, i, kind, cycle))
-        key = f"model_{i}/{kind}"  # a phase restored from its checkpoint saved its best dir in the earlier run
-        if info["best"] is not None and (key not in self.best or info["best"] > self.best[key]["dev"]):
-            self.best[key] = {"dev": info["best"], "cycle": cycle}
+        if info["best"] is not None:  # a phase restored from its checkpoint saved its best dir in the earlier run
+            self.keep_if_best(f"model_{i}/{kind}", info["best"], cycle)
         model.params = params
         model.save_pretrained(os.path.join(self.model_dir, f"model_{i}", f"{kind}_last"))
         return params, info
@@ -256,6 +265,16 @@ def _summary(x: np.ndarray) -> dict:
     return {"mean": float(np.mean(x)), "std": float(np.std(x)), "min": float(np.min(x)), "max": float(np.max(x))}
 
 
+@contextlib.contextmanager
+def _params_in(model, params):
+    """`model` with `params` (on the host) for the duration; its own params back afterwards."""
+    old, model.params = model.params, jax.device_get(params)
+    try:
+        yield model
+    finally:
+        model.params = old
+
+
 class _DevScore:
     """A phase's evaluator for the train loop: the dev set's score of `model` with the phase's params."""
 
@@ -265,11 +284,8 @@ class _DevScore:
         self.model, self.ev, self.label = model, ev, f"{phase}: {ev.name}"
 
     def __call__(self, params) -> float:
-        old, self.model.params = self.model.params, jax.device_get(params)
-        try:
+        with _params_in(self.model, params):
             return score_eval_set(self.model, self.ev)
-        finally:
-            self.model.params = old
 
 
 class _BestKeeper:
@@ -281,14 +297,9 @@ class _BestKeeper:
         self.out_dir = os.path.join(run.model_dir, f"model_{i}", f"{kind}_best")
 
     def save(self, state, score: float) -> None:
-        best = self.run.best.get(self.key)
-        if best is None or score > best["dev"]:
-            self.run.best[self.key] = {"dev": score, "cycle": self.cycle}
-            old, self.model.params = self.model.params, jax.device_get(state.params)
-            try:
+        if self.run.keep_if_best(self.key, score, self.cycle):
+            with _params_in(self.model, state.params):
                 self.model.save_pretrained(self.out_dir)
-            finally:
-                self.model.params = old
 
     def wait_until_finished(self) -> None:
         """Saved synchronously."""

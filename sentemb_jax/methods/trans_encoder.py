@@ -306,7 +306,7 @@ def fit_phase(name: str, out_dir: str, init_params, step_fn: Callable, features:
         log.info("%s: resumed at step %d", name, int(state.step))
     plan = Schedule(total, log_every=25, eval_every=batches.per_epoch, checkpoint_every=checkpoint_every,
                     checkpoint_at_eval=True)
-    run = RunState(state, out_dir, batches, plan, manager, best=keeper, evaluator=evaluator,
+    run = RunState(state, out_dir, batches, plan, manager, keeper=keeper, evaluator=evaluator,
                    bar=tqdm(total=total, initial=int(state.step), desc=name, unit="step", disable=None),
                    batch_size=phase.batch_size, skip_setting="the Trans-Encoder (no skipping)", resumed=resumed)
     run_loop(run, step, lambda batch: batch, jax.random.PRNGKey(seed))

@@ -14,7 +14,7 @@ from sentemb_jax.partitioning import make_mesh
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.pooling import POOLING_MODES, check_pooling_modes
 from sentemb_jax.preflight import require_dir, require_model_dir, source
-from sentemb_jax.training.optimizers import make_optimizer, schedule_spans
+from sentemb_jax.training.optimizers import run_optimizer
 from sentemb_jax.validation import (
     PRNG_IMPLS,
     TRAIN,
@@ -57,8 +57,7 @@ def check_train_config(args: dict) -> None:
     if contrastive is not None and a("distill") is None:
         check_contrastive(contrastive)
     check_positions(a("sequence_length"), a("init_from"), TRAIN, "sequence_length")
-    with schedule_spans(a("num_steps")):
-        make_optimizer()  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
+    run_optimizer(a("num_steps"))  # its gin bindings (learning rate, schedule, clipping) checked now, not after the model loads
     make_mesh()  # its axis sizes against the devices, likewise
 
 

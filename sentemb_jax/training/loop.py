@@ -141,15 +141,15 @@ class RunState:
     besides the train state - the batch source's position, the best score, the training time, the
     skipped batches, the evaluations - lives here, so a resumed run continues exactly.
 
-    resumed: the checkpoint's data (`restore_run`), {} for a new run. best: the keeper of the best
-    state (BestCheckpoint, or a method's own); writer: a MetricsWriter or None (other processes)."""
+    resumed: the checkpoint's data (`restore_run`), {} for a new run. keeper: what keeps the best
+    state (BestCheckpoint, or a method's own; `self.best` is the best score); writer: a MetricsWriter or None (other processes)."""
 
-    def __init__(self, state, model_dir: str, batches, schedule: Schedule, manager, *, best=None, writer=None,
+    def __init__(self, state, model_dir: str, batches, schedule: Schedule, manager, *, keeper=None, writer=None,
                  evaluator=None, bar=None, batch_size: int = 1, skip_nonfinite: int = 0,
                  skip_setting: str = "train.skip_nonfinite", resumed: dict | None = None):
         resumed = resumed or {}
         self.state, self.model_dir, self.batches, self.schedule, self.manager = state, model_dir, batches, schedule, manager
-        self.keeper, self.writer, self.evaluator, self.bar = best, writer, evaluator, bar
+        self.keeper, self.writer, self.evaluator, self.bar = keeper, writer, evaluator, bar
         self.batch_size, self.skip_nonfinite, self.skip_setting = batch_size, skip_nonfinite, skip_setting
         self.best = resumed.get("best")
         self.train_seconds = float(resumed.get("train_seconds", 0.0))

@@ -24,6 +24,13 @@ def schedule_spans(num_steps: int):
         _RUN_STEPS.reset(token)
 
 
+def run_optimizer(num_steps: int) -> optax.GradientTransformation:
+    """make_optimizer() as gin configures it, its schedule lasting `num_steps` unless gin binds
+    learning_rate_schedule.total_steps: what the train job (and its checks) build."""
+    with schedule_spans(num_steps):  # gin evaluates @learning_rate_schedule() when make_optimizer is called
+        return make_optimizer()
+
+
 @gin.configurable(module="sentemb_jax")
 def learning_rate_schedule(peak: float = 1e-3, warmup_steps: int = 0, total_steps: int | None = None,
                            decay: str = "linear", warmup_fraction: float | None = None) -> optax.Schedule:

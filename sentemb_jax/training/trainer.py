@@ -55,7 +55,7 @@ from sentemb_jax.training.loop import (
     restore_run,
     run_loop,
 )
-from sentemb_jax.training.optimizers import make_optimizer, schedule_spans
+from sentemb_jax.training.optimizers import run_optimizer
 from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_features, sides_of
 
@@ -225,9 +225,7 @@ def train(
     method = distill.make_method(sequence_length, seed) if distill is not None else ContrastiveMethod(contrastive)
     method.prepare(names[task], encoder)
     encoder = _with_projection(encoder, method.student_projection(encoder.get_sentence_embedding_dimension()), seed)
-    with schedule_spans(num_steps):  # the schedule lasts train.num_steps unless gin binds its total_steps
-        optimizer = make_optimizer()
-    mesh = make_mesh()
+    optimizer, mesh = run_optimizer(num_steps), make_mesh()
     fixed_padding = _check_processes(batch_size, pack, fixed_padding)
     pipeline = _input_pipeline(names[task], batch_size, sequence_length, seed, fixed_padding, same_length)
     first = _init_batch(method.sides[0])
@@ -254,7 +252,7 @@ def train(
         _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
         run_record.write(model_dir, record)
     schedule = Schedule(num_steps, log_every, eval_every, checkpoint_every, eval_at_start, time_budget_s=time_budget_s)
-    run = RunState(state, model_dir, pipeline, schedule, manager, best=BestCheckpoint(best_manager),
+    run = RunState(state, model_dir, pipeline, schedule, manager, keeper=BestCheckpoint(best_manager),
                    writer=MetricsWriter(model_dir, run_path(model_dir, METRICS_JSONL)) if is_primary() else None,
                    evaluator=StsDevEvaluator(encoder, data_dir) if eval_every else None,
                    bar=tqdm(total=num_steps, initial=int(state.step), desc="train", unit="step", disable=None),
