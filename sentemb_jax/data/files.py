@@ -3,7 +3,9 @@
 Format of the TSV files (see ../shared/data/README.md): UTF-8, a header line, TAB-separated
 fields, no quoting. JSONL: one JSON object per line.
 
-A file is read in two passes: `index_rows` validates every line once (before any training step
+A file may live on any filesystem tf.io.gfile reads (`gs://...`) and may be gzip-compressed
+(`.gz`: decompressed into memory, this path is for small data; a large corpus is prepared once
+into shards, sentemb_jax.data.prepare). A file is read in two passes: `index_rows` validates every line once (before any training step
 runs) and records the byte offset of each accepted row; `read_row` re-reads one row by offset,
 so a shuffled, sharded epoch needs 8 bytes of memory per row however large the file is.
 
@@ -19,12 +21,12 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
+from sentemb_jax.data import storage
 from sentemb_jax.errors import DataError  # noqa: F401 - re-exported
 from sentemb_jax.paths import DATA_DIR_ENV, default_data_dir, is_remote  # noqa: F401 - re-exported
 
@@ -105,7 +107,7 @@ class FileSpec:
 
     @property
     def fmt(self) -> str:
-        return "jsonl" if self.path.endswith((".jsonl", ".json")) else "tsv"
+        return "jsonl" if self.path.removesuffix(".gz").endswith((".jsonl", ".json")) else "tsv"
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -152,18 +154,8 @@ class RowIndex:
 
 
 def _iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset, raw bytes) of each line."""
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot open ({e.strerror})") from None
-    with f:
-        offset = 0
-        for lineno, raw in enumerate(f, start=1):
-            yield lineno, offset, raw
-            offset += len(raw)
+    """(line number, byte offset, raw bytes) of each line (any filesystem; .gz decompressed)."""
+    return storage.iter_lines(path)
 
 
 def _decode(path: str, lineno: int, offset: int, raw: bytes) -> str:
@@ -253,7 +245,7 @@ def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
     """Validate every row of a file and record where the accepted rows start."""
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if not os.path.isfile(spec.path):
+    if not storage.exists(spec.path):
         raise DataError(missing_file_message(spec))
     summary = ReadSummary(spec.path)
     offsets, lines = [], []
@@ -315,7 +307,7 @@ def read_rows(index: RowIndex | ConcatRowIndex, order: Sequence[int] | None = No
     starts = np.cumsum([0] + [len(p) for p in parts])
     positions = range(len(index)) if order is None else order
     with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(open(p.spec.path, "rb")) for p in parts]
+        files = [stack.enter_context(storage.open_seekable(p.spec.path)) for p in parts]
         for pos in positions:
             k = int(np.searchsorted(starts, pos, side="right")) - 1
             part, local = parts[k], int(pos) - int(starts[k])

@@ -12,6 +12,7 @@ pack them afterwards (`train.pack`, sentemb_jax.data.packing).
 """
 from __future__ import annotations
 
+import re
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ import seqio
 import tensorflow as tf
 
 from sentemb_jax.data.files import DataError, source_lines
+from sentemb_jax.data.prepared import PreparedSource
 from sentemb_jax.data.tasks import RowFileSource
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 
@@ -86,7 +88,12 @@ class InputPipeline:
         row_ids = np.asarray(batch.get("row_id", []))
         rows = row_ids[:limit].tolist()
         source = getattr(self.provider, "source", None)  # a mixture has none (its row ids are per task)
-        lines = source_lines(source.index(self.split), rows) if isinstance(source, RowFileSource) else [f"row {r}" for r in rows]
+        if isinstance(source, RowFileSource):
+            lines = source_lines(source.index(self.split), rows)
+        elif isinstance(source, PreparedSource):
+            lines = source.describe(self.split, rows)
+        else:
+            lines = [f"row {r}" for r in rows]
         more = len(row_ids) - len(rows)
         return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
 
@@ -114,6 +121,11 @@ class InputPipeline:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
 
     def _dataset(self, epoch: int) -> tf.data.Dataset:
+        # A prepared corpus starts at the resume position itself (computed, not read and skipped).
+        source = getattr(self.provider, "source", None)
+        seek = isinstance(source, PreparedSource) and self.drop_remainder
+        if seek:
+            source.start_at = self.step_in_epoch * self.batch_size
         # No in-memory caching: it would ask TFDS for split sizes and freeze a shuffled order.
         ds = self.provider.get_dataset(
             sequence_length=self.sequence_length, split=self.split, shuffle=self.shuffle, seed=self.seed + epoch,
@@ -137,13 +149,13 @@ class InputPipeline:
             index = getattr(self.provider.source, "index", None)
             rows = len(index(self.split)) if index else self.provider.num_input_examples(self.split)
             if rows:
-                ds = ds.take(rows // (self.batch_size * self.shard_info.num_shards))
-        return ds.skip(self.step_in_epoch).prefetch(tf.data.AUTOTUNE)
+                ds = ds.take(rows // (self.batch_size * self.shard_info.num_shards) - (self.step_in_epoch if seek else 0))
+        return ds.skip(0 if seek else self.step_in_epoch).prefetch(tf.data.AUTOTUNE)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         while self.num_epochs is None or self.epoch < self.num_epochs:
             fresh_epoch = self.step_in_epoch == 0
-            for batch in self._dataset(self.epoch).as_numpy_iterator():
+            for batch in _reraise_data_errors(self._dataset(self.epoch).as_numpy_iterator()):
                 self.step_in_epoch += 1
                 yield to_model_batch(batch, self.text_features, self.pad_id, self.buckets, self.same_length)
             if fresh_epoch and self.step_in_epoch == 0 and self.drop_remainder:
@@ -165,6 +177,22 @@ class InputPipeline:
         return (f"{files}: {counted}{part} cannot fill one batch of batch_size={self.batch_size} "
                 f"({self.split!r} split of {self.task!r}; incomplete batches are dropped): lower the batch size "
                 "(train.batch_size) or add data")
+
+
+def _reraise_data_errors(batches: Iterator) -> Iterator:
+    """A DataError raised inside tf.data (a damaged shard read by the prepared source) arrives
+    wrapped in a TF error: raise it again as itself, its message only."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except tf.errors.OpError as e:
+            found = re.search(r"DataError: (.+)", e.message)
+            if found is None:
+                raise
+            raise DataError(found.group(1).strip()) from None
+        yield batch
 
 
 def _global_batch(state: Mapping) -> int:

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 import gin
 from sentemb_jax import validation as v
-from sentemb_jax.data import augment
+from sentemb_jax.data import augment, prepared, storage
 from sentemb_jax.data.files import (
     ConcatRowIndex,
     DataError,
@@ -49,6 +49,7 @@ from sentemb_jax.data.files import (
     read_rows,
 )
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
+from sentemb_jax.paths import is_remote
 from sentemb_jax.preflight import require_model_dir
 from sentemb_jax.validation import ConfigError, is_under
 
@@ -256,16 +257,24 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
             if not isinstance(path, str) or not path:
                 raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: "
                                   "must be a file path (a string; relative ones are under DATA_DIR)")
-            if not os.path.isabs(path):  # a relative entry stays under DATA_DIR; an absolute one is the user's own
+            absolute = os.path.isabs(path) or is_remote(path)
+            if not absolute:  # a relative entry stays under DATA_DIR; an absolute one (or gs://...) is the user's own
 
                 if not is_under(path, data_dir):
                     raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: a relative "
                                       f"path must stay under DATA_DIR {os.path.normpath(data_dir)} (it resolves to "
                                       f"{os.path.normpath(os.path.join(data_dir, path))}); give an absolute path for a "
                                       "file elsewhere")
-            full = path if os.path.isabs(path) else os.path.join(data_dir, path)
-            built.append(build(full, binding))
-        specs[split] = built[0] if isinstance(paths, str) else tuple(built)
+            full = path if absolute else os.path.join(data_dir, path)
+            prepared_manifest = prepared.manifest_path(full) if not storage.is_pattern(full) else None
+            if prepared_manifest:  # a prepared corpus (data.prepare): read by PreparedSource
+                built.append(build(prepared_manifest, binding))
+                continue
+            try:  # a glob: its files in sorted order, read as one split (no match: reported when required / read)
+                built += [build(f, binding) for f in storage.expand(full)]
+            except DataError:
+                built.append(build(full, binding))
+        specs[split] = built[0] if len(built) == 1 and isinstance(paths, str) else tuple(built)
     return specs
 
 
@@ -287,6 +296,8 @@ def register_tasks(
     sts_score_range: tuple[float, float] = (0.0, 5.0),
     kinds: Sequence[str] = tuple(DEFAULT_FILES),
     clean: bool = False,
+    window_shards: int = 16,
+    on_bad_shard: str = "error",
     require: Sequence[str] | bool = (),
     model_dir: str | None = _UNSET,
 ) -> dict[str, str]:
@@ -305,10 +316,18 @@ def register_tasks(
       is registered and no tokenizer is loaded; returns the names the call would register.
 
     Row validation happens when a split is first read.
+
+    A `files` entry may be a glob (its files, sorted, read as one split), a path on any
+    tf.io.gfile filesystem (gs://...), gzip-compressed (.gz), or a prepared corpus (a directory
+    with a manifest.json written by sentemb_jax.data.prepare; read without indexing its rows:
+    window_shards = shards whose rows are shuffled together, on_bad_shard = 'error' or 'skip' a
+    missing / truncated shard; see data.prepared).
     """
     sel = "sentemb_jax.data.register_tasks"
     tokenizer_dir = _tokenizer_dir(tokenizer_dir, model_dir, sel)
     v.require_choice(on_bad_row, ("error", "skip"), sel, "on_bad_row")
+    v.require_choice(on_bad_shard, ("error", "skip"), sel, "on_bad_shard")
+    v.require_int(window_shards, sel, "window_shards", 1)
     v.require_number(augment_rate, sel, "augment_rate", 0, 1, high_open=True)
     low_high = tuple(sts_score_range) if isinstance(sts_score_range, (tuple, list)) else ()
     if len(low_high) != 2 or not all(v._is_real(x) and x == x and abs(x) != float("inf") for x in low_high) \
@@ -321,17 +340,9 @@ def register_tasks(
     views = tuple(augment.check_view(v) for v in views)
     if len(views) != 2:
         raise ValueError(f"register_tasks.views: need exactly two views, got {views}")
-    builders = {
-        "commqa": lambda p, b: FileSpec(p, {"anchor": ("question_title", "question_body"), "positive": "answer"},
-                                        keep={"label": tuple(commqa_labels)}, binding=b),
-        "nli_triples": lambda p, b: FileSpec(p, {"anchor": "anchor", "positive": "positive", "negative": "negative"}, binding=b),
-        "nli_pairs": lambda p, b: FileSpec(p, {"anchor": "sentence1", "positive": "sentence2"},
-                                           keep={"label": tuple(nli_pair_labels)}, binding=b),
-        "sts_pairs": lambda p, b: FileSpec(p, {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},
-                                           score_field="score", score_range=tuple(sts_score_range), binding=b),
-        "sentences": lambda p, b: FileSpec(p, {"text": sentence_column, **{c: c for c in view_columns}},
-                                           text_fields=("text", *view_columns), binding=b, clean=clean),
-    }
+    options = dict(commqa_labels=commqa_labels, nli_pair_labels=nli_pair_labels, sts_score_range=sts_score_range,
+                   sentence_column=sentence_column, view_columns=view_columns, clean=clean)
+    builders = {kind: functools.partial(file_spec, kind, **options) for kind in DEFAULT_FILES}
     text_fields = {"commqa": ("anchor", "positive"), "nli_triples": ("anchor", "positive", "negative"),
                    "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}
     specs_of = {kind: _specs(kind, data_dir, files, builders[kind]) for kind in kinds}
@@ -346,8 +357,7 @@ def register_tasks(
     names = {}
     for kind in kinds:
         specs = specs_of[kind]
-        source = RowFileSource(specs, on_bad_row,
-                               neighbour_of="text" if kind == "sentences" and augment.NEIGHBOUR in views else None)
+        source = _source(kind, specs, on_bad_row, views, window_shards, on_bad_shard)
         pre, post = [], []
         if kind == "sentences":
             pre = [functools.partial(make_views, text_field="text", views=views, rate=augment_rate)]
@@ -366,6 +376,42 @@ def register_tasks(
     return names
 
 
+def file_spec(kind: str, path: str, binding: str | None = None, *, commqa_labels: Sequence[str] = ("Good",),
+              nli_pair_labels: Sequence[str] = ("entailment",), sts_score_range: tuple[float, float] = (0.0, 5.0),
+              sentence_column: str = "sentence", view_columns: Sequence[str] = (), clean: bool = False) -> FileSpec:
+    """What a file of `kind` must hold and how its columns become the task's features (the
+    validated-file path and the preparation command read files of a kind by the same rules)."""
+    if kind == "commqa":
+        return FileSpec(path, {"anchor": ("question_title", "question_body"), "positive": "answer"},
+                        keep={"label": tuple(commqa_labels)}, binding=binding)
+    if kind == "nli_triples":
+        return FileSpec(path, {"anchor": "anchor", "positive": "positive", "negative": "negative"}, binding=binding)
+    if kind == "nli_pairs":
+        return FileSpec(path, {"anchor": "sentence1", "positive": "sentence2"}, keep={"label": tuple(nli_pair_labels)},
+                        binding=binding)
+    if kind == "sts_pairs":
+        return FileSpec(path, {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},
+                        score_field="score", score_range=tuple(sts_score_range), binding=binding)
+    if kind == "sentences":
+        return FileSpec(path, {"text": sentence_column, **{c: c for c in view_columns}},
+                        text_fields=("text", *view_columns), binding=binding, clean=clean)
+    raise ValueError(f"unknown kind {kind!r}; known: {sorted(DEFAULT_FILES)}")
+
+
+def _source(kind: str, specs: Mapping, on_bad_row: str, views: Sequence[str], window_shards: int,
+            on_bad_shard: str) -> seqio.DataSource:
+    """RowFileSource over validated files, or PreparedSource when every split is a prepared corpus."""
+    parts = [p for spec in specs.values() for p in (spec if isinstance(spec, tuple) else (spec,))]
+    is_prepared = [p.path.endswith(prepared.MANIFEST) for p in parts]
+    if not any(is_prepared):
+        return RowFileSource(specs, on_bad_row, neighbour_of="text" if kind == "sentences" and augment.NEIGHBOUR in views else None)
+    if not all(is_prepared) or len(parts) != len(specs) or kind == "sentences":
+        raise ConfigError(f"sentemb_jax.data.register_tasks.files[{kind!r}]: a prepared corpus (manifest.json) must be "
+                          "the split's only entry, every split of the kind prepared"
+                          + (" (the sentences task reads validated files: its views need row neighbours)" if kind == "sentences" else ""))
+    return prepared.PreparedSource({split: spec.path for split, spec in specs.items()}, window_shards, on_bad_shard)
+
+
 def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequence[str]) -> None:
     """DataError naming every missing file of the required kinds / mixtures (and the bindings that
     produced each path); the data directory itself when it does not exist."""
@@ -380,7 +426,7 @@ def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequen
     missing = []
     for kind in wanted:
         for spec in specs_of[kind].values():
-            missing += [part for part in (spec if isinstance(spec, tuple) else (spec,)) if not os.path.isfile(part.path)]
+            missing += [part for part in (spec if isinstance(spec, tuple) else (spec,)) if not storage.exists(part.path)]
     if not missing:
         return
     if not os.path.isdir(data_dir) and any(part.path.startswith(os.path.join(data_dir, "")) for part in missing):
@@ -390,8 +436,9 @@ def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequen
 
 
 def _size_rate(task: seqio.Task) -> float:
-    """Mixing rate proportional to a task's (validated) train rows."""
-    return float(len(task.source.index("train")))
+    """Mixing rate proportional to a task's (validated or prepared) train rows."""
+    source = task.source
+    return float(len(source.index("train")) if isinstance(source, RowFileSource) else source.num_input_examples("train"))
 
 
 # ---------------------------------------------------------------------------------------------

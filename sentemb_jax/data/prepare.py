@@ -1,0 +1,256 @@
+"""Prepare a large corpus once: validate raw TSV / JSONL(.gz) shards, write ArrayRecord shards + a manifest.
+
+    python -m sentemb_jax.main --gin_file=gin/runs/prepare_corpus.gin \
+        --gin.INPUT="'raw/cqa-*.jsonl.gz'" --gin.OUTPUT="'/mnt/bucket/cqa'"
+
+The rows are validated here, once, exactly as the validated-file path validates them at every
+start (data.files: same columns, filters, empty-text and score rules, `on_bad_row`); training then
+reads the shards without looking at a row it does not use (data.prepared).
+
+Output shard j holds the rows of the input files i with i % num_shards == j (every input file
+goes to exactly one output shard: one worker reads only its own inputs), or, with more output
+shards than inputs (num_shards a multiple of the input count), every (num_shards / inputs)-th row
+of input j % inputs. Each output shard is written to a temporary name, then renamed, and its
+manifest entry written beside it (`<shard>.json`): an interrupted run re-run with the same
+arguments skips the finished shards. `worker=(k, n)` does only the shards j % n == k, so n
+machines (or processes) prepare a corpus together; the manifest is written by whichever run finds
+every shard's entry present (or by a last run with nothing left to do).
+
+dedup: drop a row whose text fields repeat an earlier row's of the same output shard (a 16-byte
+hash per row kept while that shard is written; duplicates across shards are not looked for).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import tempfile
+from typing import Callable, Sequence
+
+import tensorflow as tf
+from array_record.python.array_record_module import ArrayRecordWriter
+from tqdm.auto import tqdm
+
+from sentemb_jax.data import storage
+from sentemb_jax.data.files import (
+    FileSpec,
+    _BadRow,
+    _check_header,
+    _decode,
+    _parse_line,
+    _split_tsv,
+    _validate_example,
+    is_junk_text,
+)
+from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
+from sentemb_jax.errors import DataError
+from sentemb_jax.paths import is_remote
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One output shard: which input files (and which of their rows) it takes."""
+
+    index: int
+    num_shards: int
+    inputs: tuple[str, ...]
+    row_stride: int = 1  # take rows r with r % row_stride == row_offset (of each input, in file order)
+    row_offset: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.prefix}-{self.index:05d}-of-{self.num_shards:05d}.array_record"
+
+    prefix: str = "data"
+
+
+def plan_shards(inputs: Sequence[str], num_shards: int | None, prefix: str) -> list[ShardTask]:
+    """Output shards over the input files (see the module docstring); num_shards None: one per input."""
+    n_in = len(inputs)
+    num_shards = n_in if num_shards is None else num_shards
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+    if num_shards <= n_in:
+        return [ShardTask(j, num_shards, tuple(inputs[j::num_shards]), prefix=prefix) for j in range(num_shards)]
+    if num_shards % n_in:
+        raise ValueError(f"num_shards={num_shards} is more than the {n_in} input files and not a multiple of it: "
+                         "give a multiple (each input is split row by row) or at most as many shards as inputs")
+    per = num_shards // n_in
+    return [ShardTask(j, num_shards, (inputs[j % n_in],), per, j // n_in, prefix) for j in range(num_shards)]
+
+
+def _example_bytes(spec: FileSpec) -> Callable[[dict], bytes]:
+    """A serializer of validated examples to tf.train.Example bytes (one reused message: fast)."""
+    message = tf.train.Example()
+    slots = {}
+    for field in spec.fields:
+        feature = message.features.feature[field]
+        value = feature.float_list.value if field == spec.score_field else feature.bytes_list.value
+        value.append(0.0 if field == spec.score_field else b"")
+        slots[field] = value
+
+    def serialize(example: dict) -> bytes:
+        for field, value in slots.items():
+            value[0] = example[field] if field == spec.score_field else example[field].encode("utf-8")
+        return message.SerializeToString(deterministic=True)  # map keys sorted: the same bytes in every process
+
+    return serialize
+
+
+def _rows(spec: FileSpec, task: ShardTask, path: str, counts: dict, on_bad_row: str):
+    """The validated examples of one input file for this shard (the validated-file rules)."""
+    header, data_row = None, -1
+    file_spec = dataclasses.replace(spec, path=path)
+    for lineno, offset, raw in storage.iter_lines(path):
+        line = _decode(path, lineno, offset, raw)
+        if file_spec.fmt == "tsv" and header is None:
+            header = _check_header(file_spec, _split_tsv(line))
+            continue
+        if not line.strip():
+            continue
+        data_row += 1
+        if data_row % task.row_stride != task.row_offset:
+            continue
+        counts["read"] += 1
+        try:
+            example = _parse_line(file_spec, header, line, lineno)
+        except _BadRow as e:
+            if on_bad_row == "error":
+                raise DataError(f"{path}:{lineno}: {e}") from None
+            counts["malformed"] += 1
+            counts.setdefault("first_malformed", f"{path}:{lineno}: {e}")
+            continue
+        if example is None:
+            counts["filtered"] += 1
+        elif _validate_example(file_spec, example, lineno) is None:
+            counts["empty_text"] += 1
+        elif file_spec.clean and any(is_junk_text(example[f]) for f in file_spec.texts):
+            counts["junk"] += 1
+        else:
+            yield example
+    if file_spec.fmt == "tsv" and header is None:
+        raise DataError(f"{path}: empty file (no header line)")
+
+
+def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = "error", dedup: bool = False) -> dict:
+    """Validate the shard's input rows and write them; returns (and writes beside it) its manifest entry."""
+    serialize = _example_bytes(spec)
+    counts = {"read": 0, "malformed": 0, "filtered": 0, "empty_text": 0, "junk": 0, "duplicate": 0}
+    seen: set[bytes] = set()
+    rows = 0
+    local_dir = output if not is_remote(output) else tempfile.mkdtemp(prefix="sentemb_prepare_")
+    tmp = os.path.join(local_dir, f".{task.name}.tmp-{os.getpid()}")
+    writer = ArrayRecordWriter(tmp, "group_size:1")
+    digest = hashlib.sha256()
+    try:
+        for path in task.inputs:
+            for example in _rows(spec, task, path, counts, on_bad_row):
+                if dedup:
+                    key = hashlib.blake2b("\x00".join(example[f] for f in spec.texts).encode(), digest_size=16).digest()
+                    if key in seen:
+                        counts["duplicate"] += 1
+                        continue
+                    seen.add(key)
+                writer.write(serialize(example))
+                rows += 1
+    finally:
+        writer.close()
+    with open(tmp, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    final = storage.join(output, task.name)
+    if is_remote(output):
+        storage.copy(tmp, final)
+        os.remove(tmp)
+    else:
+        os.replace(tmp, final)
+    entry = {"file": task.name, "rows": rows, "bytes": storage.size(final), "sha256": digest.hexdigest(),
+             "sources": list(task.inputs), "row_stride": task.row_stride, "row_offset": task.row_offset,
+             "skipped": {k: v for k, v in counts.items() if k != "read"}}
+    storage.write_bytes(storage.join(output, task.name + ".json"), json.dumps(entry).encode())
+    return entry
+
+
+def _done(task: ShardTask, output: str) -> dict | None:
+    """The shard's manifest entry when a previous run finished it (entry present, file of its size)."""
+    entry_file = storage.join(output, task.name + ".json")
+    if not storage.exists(entry_file):
+        return None
+    entry = json.loads(storage.read_bytes(entry_file))
+    same = entry.get("sources") == list(task.inputs) and entry.get("row_stride") == task.row_stride
+    final = storage.join(output, task.name)
+    return entry if same and storage.exists(final) and storage.size(final) == entry.get("bytes") else None
+
+
+def _run_one(args) -> dict:
+    spec, task, output, on_bad_row, dedup = args
+    return write_shard(spec, task, output, on_bad_row, dedup)
+
+
+def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int | None = None, *,
+            on_bad_row: str = "error", dedup: bool = False, processes: int = 1, worker: tuple[int, int] = (0, 1),
+            prefix: str = "data", kind: str = "", progress: bool = True) -> dict:
+    """Prepare `inputs` (globs allowed) into `output`; returns the manifest (or, when other workers'
+    shards are still missing, a summary of this worker's part)."""
+    files = [f for pattern in inputs for f in storage.expand(pattern)]
+    if not files:
+        raise DataError("no input files given")
+    for f in files:
+        if not storage.exists(f):
+            raise DataError(f"{f}: no such file")
+    k, n = worker
+    tasks = plan_shards(files, num_shards, prefix)
+    storage.makedirs(output)
+    mine = [t for t in tasks if t.index % n == k]
+    todo = [t for t in mine if _done(t, output) is None]
+    if len(todo) < len(mine):
+        log.info("%d of this worker's %d shards were finished by an earlier run: skipped", len(mine) - len(todo), len(mine))
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="prepare", unit="shard", disable=None if progress else True)
+    jobs = [(spec, t, output, on_bad_row, dedup) for t in todo]
+    if processes > 1 and len(jobs) > 1:
+        with multiprocessing.get_context("spawn").Pool(min(processes, len(jobs))) as pool:
+            for _ in pool.imap_unordered(_run_one, jobs):
+                bar.update()
+    else:
+        for job in jobs:
+            _run_one(job)
+            bar.update()
+    bar.close()
+    return finalize(spec, tasks, output, kind)
+
+
+def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str = "") -> dict:
+    """Write manifest.json when every shard's entry is present; else return what is done so far."""
+    entries = [_done(t, output) for t in tasks]
+    missing = [t.name for t, e in zip(tasks, entries) if e is None]
+    if missing:
+        return {"complete": False, "shards_done": len(tasks) - len(missing), "shards": len(tasks), "missing": missing[:5]}
+    features = {f: "float" if f == spec.score_field else "string" for f in spec.fields}
+    manifest = {"format": FORMAT, "version": VERSION, "record": RECORD, "kind": kind, "features": features,
+                "rows": sum(e["rows"] for e in entries), "shards": entries}
+    for reason in ("malformed", "filtered", "empty_text", "junk", "duplicate"):
+        manifest[f"skipped_{reason}"] = sum(e["skipped"].get(reason, 0) for e in entries)
+    storage.write_bytes(storage.join(output, MANIFEST), json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def verify(path: str) -> list[str]:
+    """Every shard whose sha256 or size differs from the manifest (reads every byte once)."""
+    manifest_file = path if path.endswith(MANIFEST) else storage.join(path, MANIFEST)
+    manifest = parse_manifest(manifest_file)
+    directory = manifest_file[: -len(MANIFEST)].rstrip("/") or "."
+    bad = []
+    for entry in manifest["shards"]:
+        file = storage.join(directory, entry["file"])
+        if not storage.exists(file):
+            bad.append(f"{file}: missing")
+            continue
+        digest = hashlib.sha256(storage.read_bytes(file)).hexdigest()
+        if digest != entry.get("sha256"):
+            bad.append(f"{file}: sha256 {digest[:12]}..., the manifest says {str(entry.get('sha256'))[:12]}...")
+    return bad

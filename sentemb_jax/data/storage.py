@@ -1,0 +1,114 @@
+"""Data files on any filesystem `tf.io.gfile` reads (local, gs://, ram://, ...): globs, gzip, existence.
+
+Local paths go through the os (faster line iteration); a path with a scheme (`gs://...`) through
+`tf.io.gfile`, the filesystem layer TensorFlow, seqio and TFDS read buckets with.
+"""
+from __future__ import annotations
+
+import glob as _glob
+import gzip
+import io
+import os
+import zlib
+from typing import BinaryIO, Iterator
+
+import tensorflow as tf
+
+from sentemb_jax.errors import DataError
+from sentemb_jax.paths import is_remote
+
+GLOB_CHARS = "*?["
+
+
+def is_pattern(path: str) -> bool:
+    return any(c in path for c in GLOB_CHARS)
+
+
+def expand(pattern: str, via: str = "") -> list[str]:
+    """The files a path or glob names, sorted (shard order); a glob that matches nothing is a DataError."""
+    if not is_pattern(pattern):
+        return [pattern]
+    matches = tf.io.gfile.glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
+    matches = sorted(m for m in matches if not isdir(m))
+    if not matches:
+        raise DataError(f"{pattern}: no file matches{via}")
+    return matches
+
+
+def exists(path: str) -> bool:
+    return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path) if is_remote(path) else os.path.isfile(path)
+
+
+def isdir(path: str) -> bool:
+    return tf.io.gfile.isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def size(path: str) -> int:
+    return tf.io.gfile.stat(path).length if is_remote(path) else os.path.getsize(path)
+
+
+def join(*parts: str) -> str:
+    return "/".join([parts[0].rstrip("/"), *parts[1:]]) if is_remote(parts[0]) else os.path.join(*parts)
+
+
+def makedirs(path: str) -> None:
+    tf.io.gfile.makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
+
+
+def _open_raw(path: str, mode: str = "rb") -> BinaryIO:
+    try:
+        return tf.io.gfile.GFile(path, mode) if is_remote(path) else open(path, mode)
+    except (FileNotFoundError, tf.errors.NotFoundError):
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, tf.errors.OpError) as e:
+        raise DataError(f"{path}: cannot open ({getattr(e, 'strerror', None) or getattr(e, 'message', e)})") from None
+
+
+def open_seekable(path: str) -> BinaryIO:
+    """A seekable binary file. A gzip file (`.gz`) is decompressed whole into memory: the validated
+    row path re-reads rows by offset and is meant for small data (a large corpus is prepared once
+    into shards, sentemb_jax.data.prepare)."""
+    f = _open_raw(path)
+    if not path.endswith(".gz"):
+        return f
+    with f:
+        try:
+            return io.BytesIO(gzip.decompress(f.read()))
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: not a complete gzip file ({e.__class__.__name__}: {e})") from None
+
+
+def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset in the decompressed text, raw line) of each line, streamed (a
+    `.gz` file is decompressed as it is read); a damaged gzip stream is a DataError naming the file."""
+    f = _open_raw(path)
+    with f:
+        stream = gzip.GzipFile(fileobj=f) if path.endswith(".gz") else f
+        offset, lineno = 0, 0
+        try:
+            for lineno, raw in enumerate(stream, start=1):
+                yield lineno, offset, raw
+                offset += len(raw)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: damaged gzip stream after line {lineno} ({e.__class__.__name__}: {e})") from None
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a small file whole (atomically on a local disk: temp file + rename)."""
+    if is_remote(path):
+        with tf.io.gfile.GFile(path, "wb") as f:
+            f.write(data)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def read_bytes(path: str) -> bytes:
+    with _open_raw(path) as f:
+        return f.read()
+
+
+def copy(src: str, dst: str) -> None:
+    tf.io.gfile.copy(src, dst, overwrite=True)
