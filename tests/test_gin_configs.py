@@ -12,7 +12,8 @@ from sentemb_jax import main as runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_FILES = sorted(glob.glob(os.path.join(REPO, "gin", "*.gin")) + glob.glob(os.path.join(REPO, "gin", "runs", "*.gin")))
-MACROS = ["MODEL_DIR='/tmp/unused'", "TOKENIZER_DIR='/tmp/unused'", "MODEL_PATH='/tmp/unused'", "RERANK_PATH='/tmp/unused'", "EXPORT_DIR='/tmp/unused'"]
+MACROS = ["MODEL_DIR='/tmp/unused'", "TOKENIZER_DIR='/tmp/unused'", "MODEL_PATH='/tmp/unused'", "RERANK_PATH='/tmp/unused'", "EXPORT_DIR='/tmp/unused'",
+          "INPUT='/tmp/unused/*.jsonl'", "OUTPUT='/tmp/unused'"]
 
 # Published parameter counts (encoder + decoder) of the T5 checkpoints these sizes describe.
 PUBLISHED = {"t5_small": 60.5e6, "t5_base": 222.9e6, "t5_large": 737.7e6, "t5_3b": 2.85e9, "t5_11b": 11.3e9,

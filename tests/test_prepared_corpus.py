@@ -204,3 +204,30 @@ def test_bad_input_is_named_before_any_work(corpus, tmp_path, minilm_dir):
     with pytest.raises(ConfigError, match="prepared corpus"):
         register_tasks(tokenizer_dir=minilm_dir, data_dir=corpus["root"], files={"commqa": [corpus["out"], corpus["inputs"][0]]},
                        kinds=("commqa",))
+
+
+def test_a_corpus_tokenized_ahead_trains_the_same_batches_as_its_text(corpus, minilm_dir, tmp_path):
+    """prepare(tokenizer_dir=) stores the ids the training pipeline's own tokenizer makes: the same
+    batches, id for id, as the text corpus; cut again to a shorter length the same way; refused by
+    a model whose tokenizer differs."""
+    pattern = os.path.join(corpus["root"], "raw", "cqa-*.jsonl.gz")
+    ids_dir = str(tmp_path / "ids")
+    m = prep.prepare(file_spec("commqa", ""), [pattern], ids_dir, 6, kind="commqa", prefix="cqa", progress=False,
+                     tokenizer_dir=minilm_dir, max_length=64)
+    assert m["features"] == {"anchor": "ids", "positive": "ids"} and m["tokenizer"]["max_length"] == 64
+    for length in (64, 6):
+        got = {}
+        for label, path in (("text", corpus["out"]), ("ids", ids_dir)):
+            names = register_tasks(tokenizer_dir=minilm_dir, data_dir=corpus["root"], files={"commqa": path}, kinds=("commqa",))
+            got[label] = list(itertools.islice(iter(InputPipeline(names["commqa"], batch_size=16, sequence_length=length, seed=2)), 12))
+        for a, b in zip(got["text"], got["ids"]):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=f"{k} at length {length}")
+    assert got["ids"][0]["anchor_attention_mask"].sum(1).max() == 6  # the anchors (8 tokens) were cut at length 6
+    other = tmp_path / "other_tokenizer"
+    shutil.copytree(minilm_dir, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**cfg, "do_lower_case": not cfg.get("do_lower_case", True)}))
+    with pytest.raises(DataError, match="was tokenized with the tokenizer of"):
+        register_tasks(tokenizer_dir=str(other), data_dir=corpus["root"], files={"commqa": ids_dir}, kinds=("commqa",))

@@ -22,6 +22,7 @@ hash per row kept while that shard is written; duplicates across shards are not 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -46,10 +47,12 @@ from sentemb_jax.data.files import (
     is_junk_text,
 )
 from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
+from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import is_remote
 
 log = logging.getLogger(__name__)
+TOKENIZE_CHUNK = 1024  # examples tokenized together (one small tf.data pipeline each)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,22 +87,46 @@ def plan_shards(inputs: Sequence[str], num_shards: int | None, prefix: str) -> l
     return [ShardTask(j, num_shards, (inputs[j % n_in],), per, j // n_in, prefix) for j in range(num_shards)]
 
 
-def _example_bytes(spec: FileSpec) -> Callable[[dict], bytes]:
-    """A serializer of validated examples to tf.train.Example bytes (one reused message: fast)."""
+def _example_bytes(spec: FileSpec, tokenized: bool) -> Callable[[dict], bytes]:
+    """A serializer of validated examples to tf.train.Example bytes (one reused message: fast).
+    tokenized: text fields hold id arrays (int64 lists), not strings."""
     message = tf.train.Example()
     slots = {}
     for field in spec.fields:
         feature = message.features.feature[field]
-        value = feature.float_list.value if field == spec.score_field else feature.bytes_list.value
-        value.append(0.0 if field == spec.score_field else b"")
-        slots[field] = value
+        if field == spec.score_field:
+            slots[field] = ("float", feature.float_list.value)
+        elif tokenized:
+            slots[field] = ("ids", feature.int64_list.value)
+        else:
+            slots[field] = ("string", feature.bytes_list.value)
 
     def serialize(example: dict) -> bytes:
-        for field, value in slots.items():
-            value[0] = example[field] if field == spec.score_field else example[field].encode("utf-8")
+        for field, (kind, value) in slots.items():
+            if kind == "ids":
+                value[:] = example[field].tolist()
+            else:
+                value[:] = [example[field] if kind == "float" else example[field].encode("utf-8")]
         return message.SerializeToString(deterministic=True)  # map keys sorted: the same bytes in every process
 
     return serialize
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(tokenizer_dir: str) -> TokenizerSpec:
+    return tokenizer_spec_for(tokenizer_dir)
+
+
+def _tokenize(examples: list[dict], fields: Sequence[str], tokenizer_dir: str, max_length: int) -> list[dict]:
+    """The examples with their text fields replaced by ids - the training pipeline's own in-graph
+    tokenizer (data.tasks.tokenize_texts), so a prepared corpus holds exactly the ids it would make."""
+    tokenizer = _tokenizer(tokenizer_dir)
+    for field in fields:
+        texts = tf.data.Dataset.from_tensor_slices([e[field] for e in examples])
+        ids = texts.map(lambda t: tokenizer.tokenize_tf(t, max_length), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        for example, row in zip(examples, ids.as_numpy_iterator()):
+            example[field] = row
+    return examples
 
 
 def _rows(spec: FileSpec, task: ShardTask, path: str, counts: dict, on_bad_row: str):
@@ -137,9 +164,13 @@ def _rows(spec: FileSpec, task: ShardTask, path: str, counts: dict, on_bad_row: 
         raise DataError(f"{path}: empty file (no header line)")
 
 
-def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = "error", dedup: bool = False) -> dict:
-    """Validate the shard's input rows and write them; returns (and writes beside it) its manifest entry."""
-    serialize = _example_bytes(spec)
+def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = "error", dedup: bool = False,
+                tokenizer_dir: str | None = None, max_length: int = 128) -> dict:
+    """Validate the shard's input rows and write them (tokenized when tokenizer_dir is given);
+    returns (and writes beside it) its manifest entry."""
+    serialize = _example_bytes(spec, tokenizer_dir is not None)
+    text_fields = [f for f in spec.fields if f != spec.score_field]
+    pending: list[dict] = []
     counts = {"read": 0, "malformed": 0, "filtered": 0, "empty_text": 0, "junk": 0, "duplicate": 0}
     seen: set[bytes] = set()
     rows = 0
@@ -156,8 +187,10 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
                         counts["duplicate"] += 1
                         continue
                     seen.add(key)
-                writer.write(serialize(example))
-                rows += 1
+                pending.append(example)
+                if len(pending) == TOKENIZE_CHUNK or tokenizer_dir is None:
+                    rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
+        rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
     finally:
         writer.close()
     with open(tmp, "rb") as f:
@@ -176,6 +209,16 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
     return entry
 
 
+def _flush(pending: list[dict], writer, serialize, fields, tokenizer_dir: str | None, max_length: int) -> int:
+    if tokenizer_dir is not None and pending:
+        _tokenize(pending, fields, tokenizer_dir, max_length)
+    for example in pending:
+        writer.write(serialize(example))
+    n = len(pending)
+    pending.clear()
+    return n
+
+
 def _done(task: ShardTask, output: str) -> dict | None:
     """The shard's manifest entry when a previous run finished it (entry present, file of its size)."""
     entry_file = storage.join(output, task.name + ".json")
@@ -188,15 +231,20 @@ def _done(task: ShardTask, output: str) -> dict | None:
 
 
 def _run_one(args) -> dict:
-    spec, task, output, on_bad_row, dedup = args
-    return write_shard(spec, task, output, on_bad_row, dedup)
+    spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length = args
+    return write_shard(spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length)
 
 
 def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int | None = None, *,
             on_bad_row: str = "error", dedup: bool = False, processes: int = 1, worker: tuple[int, int] = (0, 1),
-            prefix: str = "data", kind: str = "", progress: bool = True) -> dict:
+            prefix: str = "data", kind: str = "", progress: bool = True, tokenizer_dir: str | None = None,
+            max_length: int = 128) -> dict:
     """Prepare `inputs` (globs allowed) into `output`; returns the manifest (or, when other workers'
-    shards are still missing, a summary of this worker's part)."""
+    shards are still missing, a summary of this worker's part).
+
+    tokenizer_dir: also tokenize (truncated to max_length, the model's special tokens added): the
+    corpus then holds ids and training skips tokenisation (what seqio's offline caching does for
+    t5x); only a model with the same tokenizer (vocab.tokenizer_fingerprint) can read it."""
     files = [f for pattern in inputs for f in storage.expand(pattern)]
     if not files:
         raise DataError("no input files given")
@@ -211,7 +259,7 @@ def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int 
     if len(todo) < len(mine):
         log.info("%d of this worker's %d shards were finished by an earlier run: skipped", len(mine) - len(todo), len(mine))
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="prepare", unit="shard", disable=None if progress else True)
-    jobs = [(spec, t, output, on_bad_row, dedup) for t in todo]
+    jobs = [(spec, t, output, on_bad_row, dedup, tokenizer_dir, max_length) for t in todo]
     if processes > 1 and len(jobs) > 1:
         with multiprocessing.get_context("spawn").Pool(min(processes, len(jobs))) as pool:
             for _ in pool.imap_unordered(_run_one, jobs):
@@ -221,18 +269,23 @@ def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int 
             _run_one(job)
             bar.update()
     bar.close()
-    return finalize(spec, tasks, output, kind)
+    tokenizer = None if tokenizer_dir is None else {"fingerprint": tokenizer_fingerprint(tokenizer_dir),
+                                                     "max_length": max_length, "source": tokenizer_dir}
+    return finalize(spec, tasks, output, kind, tokenizer)
 
 
-def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str = "") -> dict:
+def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str = "", tokenizer: dict | None = None) -> dict:
     """Write manifest.json when every shard's entry is present; else return what is done so far."""
     entries = [_done(t, output) for t in tasks]
     missing = [t.name for t, e in zip(tasks, entries) if e is None]
     if missing:
         return {"complete": False, "shards_done": len(tasks) - len(missing), "shards": len(tasks), "missing": missing[:5]}
-    features = {f: "float" if f == spec.score_field else "string" for f in spec.fields}
+    text = "string" if tokenizer is None else "ids"
+    features = {f: "float" if f == spec.score_field else text for f in spec.fields}
     manifest = {"format": FORMAT, "version": VERSION, "record": RECORD, "kind": kind, "features": features,
                 "rows": sum(e["rows"] for e in entries), "shards": entries}
+    if tokenizer is not None:
+        manifest["tokenizer"] = tokenizer
     for reason in ("malformed", "filtered", "empty_text", "junk", "duplicate"):
         manifest[f"skipped_{reason}"] = sum(e["skipped"].get(reason, 0) for e in entries)
     storage.write_bytes(storage.join(output, MANIFEST), json.dumps(manifest, indent=1).encode())

@@ -69,8 +69,10 @@ def parse_manifest(path: str) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise DataError(f"{path}: not a prepared-corpus manifest (want format {FORMAT!r}, version {VERSION})")
     features = manifest.get("features")
-    if not isinstance(features, dict) or not features or set(features.values()) - {"string", "float"}:
-        raise DataError(f"{path}: 'features' must map feature names to 'string' or 'float'")
+    if not isinstance(features, dict) or not features or set(features.values()) - {"string", "float", "ids"}:
+        raise DataError(f"{path}: 'features' must map feature names to 'string', 'ids' or 'float'")
+    if "ids" in features.values() and not isinstance(manifest.get("tokenizer"), dict):
+        raise DataError(f"{path}: a tokenized corpus ('ids' features) must name its tokenizer")
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         raise DataError(f"{path}: no shards listed")
@@ -236,13 +238,23 @@ class PreparedSource(seqio.DataSource):
     def describe(self, split: str, row_ids: Sequence[int]) -> list[str]:
         return self.corpus(split).describe(row_ids)
 
+    def tokenizer(self) -> dict | None:
+        """The tokenizer every split was tokenized with (fingerprint, max_length), None for text; a
+        split tokenized differently from the others is a DataError."""
+        found = {split: self.corpus(split).manifest.get("tokenizer") for split in self._paths}
+        kinds = {json.dumps(t and {k: t[k] for k in ("fingerprint", "max_length")}, sort_keys=True) for t in found.values()}
+        if len(kinds) > 1:
+            raise DataError(f"prepared corpora {sorted(self._paths.values())}: splits tokenized differently ({found})")
+        return next(iter(found.values()))
+
     def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
                     shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False, num_epochs=1):
         corpus = self.corpus(split)
         seed = 0 if seed is None else int(seed)
         index, hosts = (shard_info.index, shard_info.num_shards) if shard_info else (0, 1)
         plan = corpus.plan(seed)
-        spec = {f: tf.io.FixedLenFeature([], tf.float32 if t == "float" else tf.string) for f, t in corpus.features.items()}
+        spec = {f: tf.io.RaggedFeature(tf.int64) if t == "ids" else tf.io.FixedLenFeature([], tf.float32 if t == "float" else tf.string)
+                for f, t in corpus.features.items()}
 
         def lookup(k):  # k: this host's example numbers -> global positions -> (shard, record)
             positions = index + k * hosts
@@ -256,6 +268,7 @@ class PreparedSource(seqio.DataSource):
 
         def parse(shard, record, records):
             examples = tf.io.parse_example(tf.reshape(records, [-1]), spec)
+            examples = {f: tf.cast(x, tf.int32) if x.dtype == tf.int64 else x for f, x in examples.items()}  # ids
             examples["row_id"] = tf.gather(tf.constant(corpus.starts), shard) + record
             return examples
 

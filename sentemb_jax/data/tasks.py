@@ -48,7 +48,7 @@ from sentemb_jax.data.files import (
     neighbour_positions,
     read_rows,
 )
-from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
+from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
 from sentemb_jax.paths import is_remote
 from sentemb_jax.preflight import require_model_dir
 from sentemb_jax.validation import ConfigError, is_under
@@ -230,16 +230,34 @@ def _mask_id(tokenizer: TokenizerSpec) -> int:
 # Registration
 
 
+def truncate_ids(dataset: tf.data.Dataset, output_features, sequence_length, *, tokenizer: TokenizerSpec):
+    """Ids tokenized ahead (a prepared corpus) -> cut like tokenize_texts to sequence_length: the
+    text's pieces are cut, the special tokens kept."""
+    suffix = tf.constant(tokenizer.suffix_ids, tf.int32)
+
+    def fn(ex):
+        ex = dict(ex)
+        for name in output_features:
+            max_len = sequence_length[name] if sequence_length and sequence_length.get(name) else 512
+            ids = ex[name]
+            ex[name] = tf.cond(tf.size(ids) > max_len, lambda ids=ids, m=max_len: tf.concat([ids[: m - len(tokenizer.suffix_ids)], suffix], 0),
+                               lambda ids=ids: ids)
+        return ex
+
+    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def _register(name: str, source: seqio.DataSource, text_fields: Sequence[str], tokenizer: TokenizerSpec,
-              pre: Sequence = (), post: Sequence = ()) -> str:
-    """Task = source -> `pre` (on text) -> tokenisation -> `post` (on ids)."""
+              pre: Sequence = (), post: Sequence = (), tokenized: bool = False) -> str:
+    """Task = source -> `pre` (on text) -> tokenisation (or, for ids tokenized ahead, truncation) -> `post` (on ids)."""
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
     features = {f: seqio.Feature(tokenizer.vocabulary, add_eos=False, dtype=tf.int32) for f in text_fields}
+    to_ids = functools.partial(truncate_ids if tokenized else tokenize_texts, tokenizer=tokenizer)
     seqio.TaskRegistry.add(
         name,
         source=source,
-        preprocessors=[seqio.CacheDatasetPlaceholder(), *pre, functools.partial(tokenize_texts, tokenizer=tokenizer), *post],
+        preprocessors=[seqio.CacheDatasetPlaceholder(), *pre, to_ids, *post],
         output_features=features,
         shuffle_buffer_size=None,  # the source permutes all rows itself
     )
@@ -364,7 +382,8 @@ def register_tasks(
             if "span_masking" in views:
                 post = [functools.partial(mask_spans, views=views, rate=augment_rate, tokenizer=tokenizer,
                                           mask_id=_mask_id(tokenizer))]
-        name = _register(PREFIX + kind, source, text_fields[kind], tokenizer, pre, post)
+        tokenized = isinstance(source, prepared.PreparedSource) and _check_tokenized(source, kind, tokenizer_dir)
+        name = _register(PREFIX + kind, source, text_fields[kind], tokenizer, pre, post, tokenized)
         names[kind] = name
     for kind, parts in MIXTURES.items():
         if set(parts) <= set(names):
@@ -410,6 +429,18 @@ def _source(kind: str, specs: Mapping, on_bad_row: str, views: Sequence[str], wi
                           "the split's only entry, every split of the kind prepared"
                           + (" (the sentences task reads validated files: its views need row neighbours)" if kind == "sentences" else ""))
     return prepared.PreparedSource({split: spec.path for split, spec in specs.items()}, window_shards, on_bad_shard)
+
+
+def _check_tokenized(source: prepared.PreparedSource, kind: str, tokenizer_dir: str) -> bool:
+    """Whether a prepared corpus holds ids; a corpus tokenized by another tokenizer is refused."""
+    made_by = source.tokenizer()
+    if made_by is None:
+        return False
+    if made_by["fingerprint"] != tokenizer_fingerprint(tokenizer_dir):
+        raise DataError(f"{source.list_shards(list(source.splits)[0])[0].rsplit('/', 1)[0]}: the {kind!r} corpus was tokenized with the "
+                        f"tokenizer of {made_by.get('source')!r}, not this model's ({tokenizer_dir}): prepare it again "
+                        "with prepare_corpus.tokenizer_dir set to this model, or without tokenizer_dir (text)")
+    return True
 
 
 def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequence[str]) -> None:

@@ -12,6 +12,7 @@ from sentemb_jax import validation as v
 from sentemb_jax.data import prepare as prep
 from sentemb_jax.data import tasks as data_tasks
 from sentemb_jax.errors import DataError
+from sentemb_jax.preflight import require_model_dir
 
 SEL = "sentemb_jax.prepare_corpus"
 
@@ -19,11 +20,14 @@ SEL = "sentemb_jax.prepare_corpus"
 @gin.configurable(module="sentemb_jax")
 def prepare_corpus(inputs=gin.REQUIRED, output: str = gin.REQUIRED, kind: str = "commqa", num_shards: int | None = None,
                    on_bad_row: str = "error", dedup: bool = False, processes: int = 1, worker: tuple[int, int] = (0, 1),
-                   prefix: str | None = None, verify: bool = False, labels=None) -> dict:
+                   prefix: str | None = None, verify: bool = False, labels=None, tokenizer_dir: str | None = None,
+                   max_length: int = 128) -> dict:
     """inputs: a path, a glob or a list of them (TSV / JSONL, optionally .gz, on any tf.io.gfile filesystem).
     kind: which task's columns and rules (data.tasks.file_spec: commqa, nli_triples, nli_pairs, sts_pairs).
     num_shards: output shards (None: one per input file). worker: (k, n) - this run does shards j % n == k.
     labels: the label values kept (commqa: ('Good',), nli_pairs: ('entailment',)); None: the task's default.
+    tokenizer_dir: also tokenize with this model's tokenizer (to max_length): training then reads ids, no
+      tokenisation on the hosts (only a model with the same tokenizer reads the corpus).
     verify: check an existing corpus at `output` (every shard's sha256 against the manifest) and stop."""
     if verify:
         bad = prep.verify(output)
@@ -41,6 +45,9 @@ def prepare_corpus(inputs=gin.REQUIRED, output: str = gin.REQUIRED, kind: str = 
     if num_shards is not None:
         v.require_int(num_shards, SEL, "num_shards", 1)
     v.require_int(processes, SEL, "processes", 1)
+    v.require_int(max_length, SEL, "max_length", 3)
+    if tokenizer_dir is not None:
+        require_model_dir(tokenizer_dir, SEL, "tokenizer_dir")
     if not (isinstance(worker, (tuple, list)) and len(worker) == 2 and all(isinstance(x, int) for x in worker)
             and 0 <= worker[0] < worker[1]):
         v.fail(worker, SEL, "worker", "must be (k, n) with 0 <= k < n")
@@ -50,7 +57,10 @@ def prepare_corpus(inputs=gin.REQUIRED, output: str = gin.REQUIRED, kind: str = 
     spec = data_tasks.file_spec(kind, "", binding=f"{SEL}.inputs", **options)
     try:
         manifest = prep.prepare(spec, inputs, output, num_shards, on_bad_row=on_bad_row, dedup=dedup, processes=processes,
-                                worker=tuple(worker), prefix=prefix or kind, kind=kind)
+                                worker=tuple(worker), prefix=prefix or kind, kind=kind,
+                                tokenizer_dir=tokenizer_dir, max_length=max_length)
+    except DataError:
+        raise
     except ValueError as e:  # num_shards against the input count
         v.fail(num_shards, SEL, "num_shards", str(e))
     if not manifest.get("complete", True):
