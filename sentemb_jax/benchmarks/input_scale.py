@@ -5,9 +5,10 @@
 
 Synthetic Community-QA corpora (question title / body / answer / label, JSONL) are generated into a
 temporary directory (deleted after). A 1M-row raw corpus is written in 8 shards and prepared
-once (sentemb_jax.data.prepare, timed); the 10M / 50M prepared corpora are 10 / 50 copies of
-those 8 prepared shards listed in one manifest (the reader's costs depend on rows, shards and
-bytes, not on whether texts repeat). The validated-file path (`RowFileSource`, every row indexed
+once as text (sentemb_jax.data.prepare, timed); one of its shards is also prepared with the
+tokenizer (ids tokenized ahead, timed). The 10M / 50M corpora are 10 / 50 copies of the 8 text
+shards, or 80 / 400 copies of the tokenized shard, listed in one manifest (the reader's costs
+depend on rows, shards and bytes, not on whether texts repeat). The validated-file path (`RowFileSource`, every row indexed
 at start-up) reads the raw JSONL repeated to the same row count.
 
 Each measurement is a fresh process (its own peak RSS): host 0 of H (seqio.ShardInfo(0, H)) builds
@@ -30,6 +31,12 @@ import tempfile
 import time
 
 import numpy as np
+import seqio
+
+from sentemb_jax import hub
+from sentemb_jax.data import prepare as prep
+from sentemb_jax.data.pipeline import InputPipeline
+from sentemb_jax.data.tasks import file_spec, register_tasks
 
 GLOBAL_BATCH = 2048
 RAW_SHARDS = 8
@@ -104,11 +111,6 @@ def replicate_raw(paths: list[str], out: str, copies: int) -> str:
 
 def measure(path: str, hosts: int, batches: int, tokenizer_dir: str) -> dict:
     """In this process: host 0 of `hosts` reading `path` (a prepared corpus or a raw file)."""
-    import seqio
-
-    from sentemb_jax.data.pipeline import InputPipeline
-    from sentemb_jax.data.tasks import register_tasks
-
     t0 = time.perf_counter()
     names = register_tasks(tokenizer_dir=tokenizer_dir, data_dir=os.path.dirname(path), files={"commqa": path}, kinds=("commqa",))
     pipe = InputPipeline(names["commqa"], batch_size=GLOBAL_BATCH // hosts, sequence_length=128, seed=0,
@@ -120,7 +122,7 @@ def measure(path: str, hosts: int, batches: int, tokenizer_dir: str) -> dict:
     for _ in range(batches):
         next(it)
     steady = batches * (GLOBAL_BATCH // hosts) / (time.perf_counter() - t1)
-    return {"first_batch_s": first, "examples_per_s": steady, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"rows": pipe.provider.source.num_input_examples("train"), "first_batch_s": first, "examples_per_s": steady, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _in_subprocess(path: str, hosts: int, batches: int, tokenizer_dir: str) -> dict:
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1000000,10000000,50000000", help="corpus sizes (multiples of 1M)")
     parser.add_argument("--hosts", default="1,8,64", help="simulated hosts (host 0 measured)")
-    parser.add_argument("--batches", type=int, default=None, help="batches timed after the first (default: 8 x hosts)")
+    parser.add_argument("--batches", type=int, default=None, help="batches timed after the first (default: 4 x hosts)")
     parser.add_argument("--validated_max_rows", type=int, default=10_000_000, help="largest corpus read by the validated path")
     parser.add_argument("--workdir", default=None, help="where the corpora go (default: a temporary directory, deleted)")
     parser.add_argument("--processes", type=int, default=2, help="preparation processes")
@@ -150,42 +152,42 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from sentemb_jax import hub
-    from sentemb_jax.data import prepare as prep
-    from sentemb_jax.data.tasks import file_spec
-
     sizes = [int(x) for x in args.rows.split(",")]
     hosts = [int(x) for x in args.hosts.split(",")]
     tokenizer_dir = hub.packaged_minilm_path()
     work = args.workdir or tempfile.mkdtemp(prefix="input_scale_")
     print(f"machine: {cpu_description()}; workdir {work}")
+    spec = file_spec("commqa", "")
     try:
         raw = write_raw(os.path.join(work, "raw"), BASE_ROWS, RAW_SHARDS)
         t = time.perf_counter()
-        prep.prepare(file_spec("commqa", ""), raw, os.path.join(work, "prepared_1M"), processes=args.processes, kind="commqa",
-                     prefix="cqa", progress=False)
-        prepare_s = time.perf_counter() - t
-        print(f"prepare: {BASE_ROWS} raw rows in {RAW_SHARDS} shards, {args.processes} processes: {prepare_s:.1f} s "
-              f"({BASE_ROWS / prepare_s:,.0f} rows/s)")
-        print("| rows | path | hosts | batch per host | time to first batch s | peak RSS MiB | examples/s per host |")
-        print("|---|---|---|---|---|---|---|")
+        prep.prepare(spec, raw, os.path.join(work, "text_1M"), processes=args.processes, kind="commqa", prefix="cqa", progress=False)
+        text_s = time.perf_counter() - t
+        t = time.perf_counter()
+        prep.prepare(spec, raw[:1], os.path.join(work, "ids_shard"), kind="commqa", prefix="cqa", progress=False,
+                     tokenizer_dir=tokenizer_dir, max_length=128)
+        ids_s = time.perf_counter() - t
+        print(f"prepare, text: {BASE_ROWS:,} raw rows in {RAW_SHARDS} shards, {args.processes} processes: {text_s:.1f} s "
+              f"({BASE_ROWS / text_s:,.0f} rows/s); tokenized ahead: 1 shard of {BASE_ROWS // RAW_SHARDS:,} rows, 1 process: "
+              f"{ids_s:.1f} s ({BASE_ROWS // RAW_SHARDS / ids_s:,.0f} rows/s)")
+        print("| raw rows | corpus rows | input | hosts | batch per host | time to first batch s | peak RSS MiB | examples/s per host |")
+        print("|---|---|---|---|---|---|---|---|")
         for n in sizes:
             copies = n // BASE_ROWS
-            prepared = os.path.join(work, "prepared_1M") if copies == 1 else os.path.join(work, f"prepared_{copies}M")
+            sources = [("prepared, ids", os.path.join(work, f"ids_{copies}M")), ("prepared, text", os.path.join(work, f"text_{copies}M"))]
+            replicate_prepared(os.path.join(work, "ids_shard"), sources[0][1], RAW_SHARDS * copies)
             if copies > 1:
-                replicate_prepared(os.path.join(work, "prepared_1M"), prepared, copies)
-            sources = [("prepared", prepared)]
+                replicate_prepared(os.path.join(work, "text_1M"), sources[1][1], copies)
             if n <= args.validated_max_rows:
-                sources.append(("validated", replicate_raw(raw, os.path.join(work, f"raw_{copies}M.jsonl"), copies)))
+                sources.append(("validated file", replicate_raw(raw, os.path.join(work, f"raw_{copies}M.jsonl"), copies)))
             for label, path in sources:
                 for h in hosts:
-                    r = _in_subprocess(path, h, args.batches or 8 * h, tokenizer_dir)
-                    print(f"| {n:,} | {label} | {h} | {GLOBAL_BATCH // h} | {r['first_batch_s']:.2f} | {r['peak_rss_mib']:.0f} "
+                    r = _in_subprocess(path, h, args.batches or 4 * h, tokenizer_dir)
+                    print(f"| {n:,} | {r['rows']:,} | {label} | {h} | {GLOBAL_BATCH // h} | {r['first_batch_s']:.2f} | {r['peak_rss_mib']:.0f} "
                           f"| {r['examples_per_s']:,.0f} |", flush=True)
-            if copies > 1:
-                shutil.rmtree(prepared)
-            for _, path in sources[1:]:
-                os.remove(path)
+            for label, path in sources:
+                if path != os.path.join(work, "text_1M"):
+                    shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -47,7 +47,7 @@ from sentemb_jax.data.files import (
     is_junk_text,
 )
 from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
-from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
+from sentemb_jax.data.vocab import tokenizer_fingerprint, tokenizer_spec_for
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import is_remote
 
@@ -113,18 +113,21 @@ def _example_bytes(spec: FileSpec, tokenized: bool) -> Callable[[dict], bytes]:
 
 
 @functools.lru_cache(maxsize=2)
-def _tokenizer(tokenizer_dir: str) -> TokenizerSpec:
-    return tokenizer_spec_for(tokenizer_dir)
+def _batch_tokenizer(tokenizer_dir: str, max_length: int) -> Callable[[tf.Tensor], tf.RaggedTensor]:
+    """texts [n] -> ids [n, (length)] (TokenizerSpec.tokenize_batch_tf), traced once per process."""
+    tokenizer = tokenizer_spec_for(tokenizer_dir)
+    return tf.function(lambda texts: tokenizer.tokenize_batch_tf(texts, max_length),
+                       input_signature=[tf.TensorSpec([None], tf.string)])
 
 
 def _tokenize(examples: list[dict], fields: Sequence[str], tokenizer_dir: str, max_length: int) -> list[dict]:
     """The examples with their text fields replaced by ids - the training pipeline's own in-graph
-    tokenizer (data.tasks.tokenize_texts), so a prepared corpus holds exactly the ids it would make."""
-    tokenizer = _tokenizer(tokenizer_dir)
+    tokenizer (data.tasks.tokenize_texts' rule), so a prepared corpus holds exactly the ids it would
+    make (tests/test_prepared_corpus.py checks batch for batch)."""
+    tokenize = _batch_tokenizer(tokenizer_dir, max_length)
     for field in fields:
-        texts = tf.data.Dataset.from_tensor_slices([e[field] for e in examples])
-        ids = texts.map(lambda t: tokenizer.tokenize_tf(t, max_length), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        for example, row in zip(examples, ids.as_numpy_iterator()):
+        ids = tokenize(tf.constant([e[field] for e in examples]))
+        for example, row in zip(examples, ids.numpy()):
             example[field] = row
     return examples
 

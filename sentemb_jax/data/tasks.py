@@ -141,17 +141,21 @@ class RowFileSource(seqio.DataSource):
 # Preprocessors
 
 
+TOKENIZE_BATCH = 256  # texts tokenized together (the in-graph tokenizers are ~10x faster on batches)
+
+
 def tokenize_texts(dataset: tf.data.Dataset, output_features, sequence_length, *, tokenizer: TokenizerSpec):
-    """Text features -> ids with the model's special tokens, truncated like HF to sequence_length."""
+    """Text features -> ids with the model's special tokens, truncated like HF to sequence_length.
+    Tokenised TOKENIZE_BATCH examples at a time, then unbatched: the same examples in the same order."""
 
     def fn(ex):
         ex = dict(ex)
         for name in output_features:
             max_len = sequence_length[name] if sequence_length and sequence_length.get(name) else 512
-            ex[name] = tokenizer.tokenize_tf(ex[name], max_len)
+            ex[name] = tokenizer.tokenize_batch_tf(ex[name], max_len)
         return ex
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.batch(TOKENIZE_BATCH).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
 
 
 def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str], rate: float, seed_offset: int = 0):
