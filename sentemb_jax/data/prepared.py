@@ -49,7 +49,7 @@ FORMAT = "array_record"
 RECORD = "tf.train.Example"
 VERSION = 1
 READ_CHUNK = 1024  # positions looked up and read per call into Python (the rest is graph ops)
-OPEN_READERS = 64  # readers kept open (a window's shards; each holds its shard's record index)
+OPEN_READERS = 32  # readers kept open: two windows of shards (each reader holds its shard's record index, ~14 bytes a row)
 
 
 def manifest_path(path: str) -> str | None:
