@@ -22,6 +22,8 @@ INSTALL_REQUIRES = [
     "tensorflow==2.21.0",
     "tensorflow-text==2.21.1",
     "seqio==0.0.20",
+    # Prepared corpora (sentemb_jax.data.prepare / prepared); also what tensorflow-datasets resolves to.
+    "array-record==0.8.6",
     "protobuf==7.36.2",
 ]
 
