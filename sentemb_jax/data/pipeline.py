@@ -121,11 +121,12 @@ class InputPipeline:
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
 
     def _dataset(self, epoch: int) -> tf.data.Dataset:
-        # A prepared corpus starts at the resume position itself (computed, not read and skipped).
+        # A prepared corpus starts at the resume position itself (computed, not read and skipped);
+        # every batch before it was full, so it is step x batch examples in, whatever drop_remainder.
         source = getattr(self.provider, "source", None)
-        seek = isinstance(source, PreparedSource) and self.drop_remainder
+        seek = isinstance(source, PreparedSource)
         if seek:
-            source.start_at = self.step_in_epoch * self.batch_size
+            source.start_at = self.step_in_epoch * self.batch_size  # set each time: the source is shared
         # No in-memory caching: it would ask TFDS for split sizes and freeze a shuffled order.
         ds = self.provider.get_dataset(
             sequence_length=self.sequence_length, split=self.split, shuffle=self.shuffle, seed=self.seed + epoch,
