@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import re
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -131,6 +131,7 @@ class ReadSummary:
     filtered: int = 0
     cleaned: int = 0
     first_bad_row: str | None = None
+    header: list[str] | None = dataclasses.field(default=None, repr=False)  # a TSV file's columns
 
     def __str__(self) -> str:
         s = (f"{self.path}: {self.rows} rows; skipped {self.skipped_bad_rows} malformed rows, "
@@ -241,24 +242,24 @@ def missing_file_message(spec: FileSpec) -> str:
     return f"{spec.path}: no such file{via}"
 
 
-def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
-    """Validate every row of a file and record where the accepted rows start."""
-    if on_bad_row not in ("error", "skip"):
-        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
-    if not storage.exists(spec.path):
-        raise DataError(missing_file_message(spec))
-    summary = ReadSummary(spec.path)
-    offsets, lines = [], []
-    header = None
+def validated_rows(spec: FileSpec, on_bad_row: str, summary: ReadSummary,
+                   take: Callable[[int], bool] | None = None) -> Iterator[tuple[int, int, dict]]:
+    """(line number, byte offset, example) of each accepted row of a file, the skipped ones counted
+    in `summary` (and the TSV header kept there). take(k): whether data row k (0-based, blank
+    lines not counted) is read at all - the rows of other output shards (data.prepare) are not."""
+    data_row = -1
     for lineno, offset, raw in _iter_lines(spec.path):
         line = _decode(spec.path, lineno, offset, raw)
-        if spec.fmt == "tsv" and header is None:
-            header = _check_header(spec, _split_tsv(line))
+        if spec.fmt == "tsv" and summary.header is None:
+            summary.header = _check_header(spec, _split_tsv(line))
             continue
         if line.strip() == "":
             continue
+        data_row += 1
+        if take is not None and not take(data_row):
+            continue
         try:
-            example = _parse_line(spec, header, line, lineno)
+            example = _parse_line(spec, summary.header, line, lineno)
         except _BadRow as e:
             if on_bad_row == "error":
                 raise DataError(f"{spec.path}:{lineno}: {e}") from None
@@ -267,21 +268,31 @@ def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
             continue
         if example is None:
             summary.filtered += 1
-            continue
-        if _validate_example(spec, example, lineno) is None:
+        elif _validate_example(spec, example, lineno) is None:
             summary.skipped_empty_text += 1
-            continue
-        if spec.clean and any(is_junk_text(example[f]) for f in spec.texts):
+        elif spec.clean and any(is_junk_text(example[f]) for f in spec.texts):
             summary.cleaned += 1
-            continue
+        else:
+            yield lineno, offset, example
+    if spec.fmt == "tsv" and summary.header is None:
+        raise DataError(f"{spec.path}: empty file (no header line)")
+
+
+def index_rows(spec: FileSpec, on_bad_row: str = "error") -> RowIndex:
+    """Validate every row of a file and record where the accepted rows start."""
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if not storage.exists(spec.path):
+        raise DataError(missing_file_message(spec))
+    summary = ReadSummary(spec.path)
+    offsets, lines = [], []
+    for lineno, offset, _ in validated_rows(spec, on_bad_row, summary):
         offsets.append(offset)
         lines.append(lineno)
-    if spec.fmt == "tsv" and header is None:
-        raise DataError(f"{spec.path}: empty file (no header line)")
     summary.rows = len(offsets)
     if summary.skipped_bad_rows or summary.skipped_empty_text or summary.cleaned:
         log.warning("%s", summary)
-    return RowIndex(spec, header, np.asarray(offsets, np.int64), np.asarray(lines, np.int64), summary)
+    return RowIndex(spec, summary.header, np.asarray(offsets, np.int64), np.asarray(lines, np.int64), summary)
 
 
 @dataclasses.dataclass

@@ -19,9 +19,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from sentemb_jax.data.files import DataError, source_lines
+from sentemb_jax.data.files import DataError
 from sentemb_jax.data.prepared import PreparedSource
-from sentemb_jax.data.tasks import RowFileSource
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 
 
@@ -88,12 +87,8 @@ class InputPipeline:
         row_ids = np.asarray(batch.get("row_id", []))
         rows = row_ids[:limit].tolist()
         source = getattr(self.provider, "source", None)  # a mixture has none (its row ids are per task)
-        if isinstance(source, RowFileSource):
-            lines = source_lines(source.index(self.split), rows)
-        elif isinstance(source, PreparedSource):
-            lines = source.describe(self.split, rows)
-        else:
-            lines = [f"row {r}" for r in rows]
+        describe = getattr(source, "describe", None)  # RowFileSource: path:line; PreparedSource: shard #record
+        lines = describe(self.split, rows) if describe else [f"row {r}" for r in rows]
         more = len(row_ids) - len(rows)
         return ", ".join(lines) + (f" and {more} more" if more > 0 else "")
 

@@ -36,23 +36,14 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
 from sentemb_jax.data import storage
-from sentemb_jax.data.files import (
-    FileSpec,
-    _BadRow,
-    _check_header,
-    _decode,
-    _parse_line,
-    _split_tsv,
-    _validate_example,
-    is_junk_text,
-)
+from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
 from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
 from sentemb_jax.data.vocab import tokenizer_fingerprint, tokenizer_spec_for
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import is_remote
 
 log = logging.getLogger(__name__)
-TOKENIZE_CHUNK = 1024  # examples tokenized together (one small tf.data pipeline each)
+TOKENIZE_CHUNK = 1024  # examples tokenized together (one call of the traced batch tokenizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,38 +124,18 @@ def _tokenize(examples: list[dict], fields: Sequence[str], tokenizer_dir: str, m
 
 
 def _rows(spec: FileSpec, task: ShardTask, path: str, counts: dict, on_bad_row: str):
-    """The validated examples of one input file for this shard (the validated-file rules)."""
-    header, data_row = None, -1
-    file_spec = dataclasses.replace(spec, path=path)
-    for lineno, offset, raw in storage.iter_lines(path):
-        line = _decode(path, lineno, offset, raw)
-        if file_spec.fmt == "tsv" and header is None:
-            header = _check_header(file_spec, _split_tsv(line))
-            continue
-        if not line.strip():
-            continue
-        data_row += 1
-        if data_row % task.row_stride != task.row_offset:
-            continue
-        counts["read"] += 1
-        try:
-            example = _parse_line(file_spec, header, line, lineno)
-        except _BadRow as e:
-            if on_bad_row == "error":
-                raise DataError(f"{path}:{lineno}: {e}") from None
-            counts["malformed"] += 1
-            counts.setdefault("first_malformed", f"{path}:{lineno}: {e}")
-            continue
-        if example is None:
-            counts["filtered"] += 1
-        elif _validate_example(file_spec, example, lineno) is None:
-            counts["empty_text"] += 1
-        elif file_spec.clean and any(is_junk_text(example[f]) for f in file_spec.texts):
-            counts["junk"] += 1
-        else:
-            yield example
-    if file_spec.fmt == "tsv" and header is None:
-        raise DataError(f"{path}: empty file (no header line)")
+    """The validated examples of one input file for this shard (the validated-file rules,
+    files.validated_rows), the skipped rows added to `counts`."""
+    summary = ReadSummary(path)
+    take = None if task.row_stride == 1 else (lambda k: k % task.row_stride == task.row_offset)
+    for _, _, example in validated_rows(dataclasses.replace(spec, path=path), on_bad_row, summary, take):
+        yield example
+    counts["malformed"] += summary.skipped_bad_rows
+    counts["filtered"] += summary.filtered
+    counts["empty_text"] += summary.skipped_empty_text
+    counts["junk"] += summary.cleaned
+    if summary.first_bad_row:
+        counts.setdefault("first_malformed", f"{path}:{summary.first_bad_row.removeprefix('line ')}")
 
 
 def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = "error", dedup: bool = False,
@@ -174,13 +145,12 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
     serialize = _example_bytes(spec, tokenizer_dir is not None)
     text_fields = [f for f in spec.fields if f != spec.score_field]
     pending: list[dict] = []
-    counts = {"read": 0, "malformed": 0, "filtered": 0, "empty_text": 0, "junk": 0, "duplicate": 0}
+    counts = {"malformed": 0, "filtered": 0, "empty_text": 0, "junk": 0, "duplicate": 0}
     seen: set[bytes] = set()
     rows = 0
     local_dir = output if not is_remote(output) else tempfile.mkdtemp(prefix="sentemb_prepare_")
     tmp = os.path.join(local_dir, f".{task.name}.tmp-{os.getpid()}")
     writer = ArrayRecordWriter(tmp, "group_size:1")
-    digest = hashlib.sha256()
     try:
         for path in task.inputs:
             for example in _rows(spec, task, path, counts, on_bad_row):
@@ -196,18 +166,17 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
         rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
     finally:
         writer.close()
-    with open(tmp, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    digest = storage.sha256(tmp)
     final = storage.join(output, task.name)
     if is_remote(output):
         storage.copy(tmp, final)
         os.remove(tmp)
+        os.rmdir(local_dir)
     else:
         os.replace(tmp, final)
-    entry = {"file": task.name, "rows": rows, "bytes": storage.size(final), "sha256": digest.hexdigest(),
+    entry = {"file": task.name, "rows": rows, "bytes": storage.size(final), "sha256": digest,
              "sources": list(task.inputs), "row_stride": task.row_stride, "row_offset": task.row_offset,
-             "skipped": {k: v for k, v in counts.items() if k != "read"}}
+             "skipped": counts}
     storage.write_bytes(storage.join(output, task.name + ".json"), json.dumps(entry).encode())
     return entry
 
@@ -306,7 +275,7 @@ def verify(path: str) -> list[str]:
         if not storage.exists(file):
             bad.append(f"{file}: missing")
             continue
-        digest = hashlib.sha256(storage.read_bytes(file)).hexdigest()
+        digest = storage.sha256(file)
         if digest != entry.get("sha256"):
             bad.append(f"{file}: sha256 {digest[:12]}..., the manifest says {str(entry.get('sha256'))[:12]}...")
     return bad

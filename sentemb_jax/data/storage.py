@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob as _glob
 import gzip
+import hashlib
 import io
 import os
 import zlib
@@ -108,6 +109,15 @@ def write_bytes(path: str, data: bytes) -> None:
 def read_bytes(path: str) -> bytes:
     with _open_raw(path) as f:
         return f.read()
+
+
+def sha256(path: str) -> str:
+    """The file's sha256, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with _open_raw(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def copy(src: str, dst: str) -> None:

@@ -47,6 +47,7 @@ from sentemb_jax.data.files import (
     missing_file_message,
     neighbour_positions,
     read_rows,
+    source_lines,
 )
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
 from sentemb_jax.paths import is_remote
@@ -105,6 +106,10 @@ class RowFileSource(seqio.DataSource):
 
     def num_input_examples(self, split: str) -> int | None:
         return len(self._indexes[split]) if split in self._indexes else None
+
+    def describe(self, split: str, row_ids: Sequence[int]) -> list[str]:
+        """`path:line` of row ids (what a bad batch came from)."""
+        return source_lines(self.index(split), row_ids)
 
     def row_order(self, split: str, shuffle: bool, seed: int | None, shard_info: seqio.ShardInfo | None) -> np.ndarray:
         n = len(self.index(split))
