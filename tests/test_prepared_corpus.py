@@ -15,7 +15,7 @@ from sentemb_jax.data import storage
 from sentemb_jax.data.files import DataError
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.prepared import PreparedCorpus, PreparedSource
-from sentemb_jax.data.tasks import RowFileSource, file_spec, register_tasks
+from sentemb_jax.data.tasks import RowFileSource, cut_ids, file_spec, register_tasks
 from sentemb_jax.validation import ConfigError
 
 ROWS_PER_FILE = 60
@@ -231,3 +231,17 @@ def test_a_corpus_tokenized_ahead_trains_the_same_batches_as_its_text(corpus, mi
     (other / "tokenizer_config.json").write_text(json.dumps({**cfg, "do_lower_case": not cfg.get("do_lower_case", True)}))
     with pytest.raises(DataError, match="was tokenized with the tokenizer of"):
         register_tasks(tokenizer_dir=str(other), data_dir=corpus["root"], files={"commqa": ids_dir}, kinds=("commqa",))
+
+
+@pytest.mark.parametrize("max_len,suffix", [(6, (102,)), (6, (1, 2)), (6, ()), (1, (102,))])
+def test_cut_ids_cuts_every_row_as_the_per_row_rule(max_len, suffix):
+    """The batched cut (the fast route for ids tokenized ahead, and truncate_ids) equals the rule
+    written per row: a row longer than max_len keeps max_len - len(suffix) ids, then the suffix."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    rows = [[int(v) for v in rng.integers(3, 100, size=n)] for n in (0, 1, 3, 5, 6, 7, 8, 20)]
+    want = [r[: max_len - len(suffix)] + list(suffix) if len(r) > max_len else r for r in rows]
+    for splits in (tf.int32, tf.int64):
+        got = cut_ids(tf.ragged.constant(rows, dtype=tf.int32, row_splits_dtype=splits), max_len, suffix).to_list()
+        assert got == want

@@ -239,21 +239,34 @@ def _mask_id(tokenizer: TokenizerSpec) -> int:
 # Registration
 
 
+def cut_ids(ids: tf.RaggedTensor, max_len: int, suffix: Sequence[int]) -> tf.RaggedTensor:
+    """A batch of id rows [batch, (len)] cut as tokenize_texts cuts to max_len: a row longer than
+    max_len keeps its first max_len - len(suffix) ids and ends with the special suffix (all rows at
+    once: no per-row graph call)."""
+    s = len(suffix)
+    if s == 0:
+        return ids[:, :max_len]
+    head, rest = ids[:, : max_len - s], ids[:, max_len - s:]
+    long = ids.row_lengths() > max_len
+    kept = rest[:, :s].to_tensor(0, shape=[None, s])  # a short row's own last ids (at most s of them)
+    tail = tf.where(long[:, None], tf.constant(suffix, ids.dtype)[None, :], kept)
+    tail = tf.RaggedTensor.from_tensor(tail, lengths=tf.where(long, tf.cast(s, ids.row_splits.dtype), rest.row_lengths()),
+                                       row_splits_dtype=ids.row_splits.dtype)
+    return tf.concat([head, tail], axis=1)
+
+
 def truncate_ids(dataset: tf.data.Dataset, output_features, sequence_length, *, tokenizer: TokenizerSpec):
     """Ids tokenized ahead (a prepared corpus) -> cut like tokenize_texts to sequence_length: the
-    text's pieces are cut, the special tokens kept."""
-    suffix = tf.constant(tokenizer.suffix_ids, tf.int32)
+    text's pieces are cut, the special tokens kept (TOKENIZE_BATCH rows at a time)."""
+    lengths = {name: sequence_length[name] if sequence_length and sequence_length.get(name) else 512 for name in output_features}
 
-    def fn(ex):
-        ex = dict(ex)
-        for name in output_features:
-            max_len = sequence_length[name] if sequence_length and sequence_length.get(name) else 512
-            ids = ex[name]
-            ex[name] = tf.cond(tf.size(ids) > max_len, lambda ids=ids, m=max_len: tf.concat([ids[: m - len(tokenizer.suffix_ids)], suffix], 0),
-                               lambda ids=ids: ids)
-        return ex
+    def fn(batch):
+        batch = dict(batch)
+        for name, max_len in lengths.items():
+            batch[name] = cut_ids(batch[name], max_len, tokenizer.suffix_ids)
+        return batch
 
-    return dataset.map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset.ragged_batch(TOKENIZE_BATCH).map(fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).unbatch()
 
 
 def _register(name: str, source: seqio.DataSource, text_fields: Sequence[str], tokenizer: TokenizerSpec,
