@@ -26,7 +26,7 @@ from sentemb_jax.validation import UNSET, bound_value
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
 USAGE = ("python -m sentemb_jax.main --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...] [--gin_search_path=DIR] "
-         "[--verbosity=0|1|2]")
+         "[--gin_search_paths=DIR,DIR] [--tfds_data_dir=DIR] [--verbosity=0|1|2]")
 
 
 def register_configurables() -> None:
@@ -46,10 +46,15 @@ def gin_bindings(args: list[str]) -> tuple[list[str], list[str]]:
     return bindings, unknown
 
 
-def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str], str | None]:
+    """(gin files, bindings, search paths, tfds_data_dir). t5x's spellings are accepted beside
+    ours: --gin_search_paths=a,b (comma-separated) and --tfds_data_dir."""
     parser = argparse.ArgumentParser(prog="sentemb_jax.main", usage=USAGE)
     parser.add_argument("--gin_file", action="append", default=[], help="gin file (repeatable)")
     parser.add_argument("--gin_search_path", action="append", default=[], help="extra directory for gin includes")
+    parser.add_argument("--gin_search_paths", action="append", default=[], help="t5x's spelling: comma-separated directories")
+    parser.add_argument("--tfds_data_dir", default=None, help="where TFDS-backed seqio tasks read prepared datasets "
+                        "(as t5x: overrides every task's tfds_data_dir)")
     parser.add_argument("--verbosity", default="0", help="0: our lines only (default); 1: + library warnings; "
                         "2: + library INFO. Everything goes to the log file (MODEL_DIR/run.log)")
     args, rest = parser.parse_known_args(argv)
@@ -58,7 +63,13 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
         raise UsageError(f"unrecognised argument {unknown[0]!r} (bindings are --gin.KEY=VALUE)\nusage: {USAGE}")
     if not args.gin_file:
         raise UsageError(f"no --gin_file given\nusage: {USAGE}")
-    return args.gin_file, bindings, args.gin_search_path
+    search = list(args.gin_search_path) + [p for arg in args.gin_search_paths for p in arg.split(",") if p]
+    for path in search:
+        if not os.path.isdir(path):
+            raise UsageError(f"--gin_search_path(s)={path}: no such directory")
+    if args.tfds_data_dir is not None and not args.tfds_data_dir:
+        raise UsageError("--tfds_data_dir: empty (give a directory, or leave the flag out)")
+    return args.gin_file, bindings, search, args.tfds_data_dir
 
 
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
@@ -240,14 +251,24 @@ def _run_job(argv: list[str], console) -> int:
         return code
 
     try:
-        files, bindings, search = parse_args(argv)
+        files, bindings, search, tfds_data_dir = parse_args(argv)
         register_configurables()
         parse_gin(files, bindings, search)
         check_run_job()  # a string or @job() is refused before anything runs
+        if tfds_data_dir:
+            import seqio  # lazy: imports TF, only once the console has taken stderr
+
+            seqio.set_tfds_data_dir_override(tfds_data_dir)
         from sentemb_jax.distributed import initialize_distributed  # lazy: imports jax, only once the console has taken stderr
 
         several = initialize_distributed()  # multi-host runs: before anything touches a device
-        console.use_model_dir(_model_dir_of_config(), _process_index() if several else 0)
+        model_dir = _model_dir_of_config()
+        process = _process_index() if several else 0
+        console.use_model_dir(model_dir, process)
+        if model_dir and process == 0:  # as t5x: the config this job runs with, beside its outputs
+            from sentemb_jax.run_dir import write_gin_config
+
+            console.log_only(f"gin config written to {write_gin_config(model_dir, gin.config_str())}")
         try:
             run()
         except RuntimeError as e:

@@ -11,6 +11,7 @@
       tensorboard/          TensorBoard event files
       results.json / results.md   the evaluation jobs' scores
       run.log               the console's log (library output, tracebacks)
+      config.gin            the gin configuration the job ran with (as t5x writes it)
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ TENSORBOARD = "tensorboard"
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 RUN_LOG = "run.log"
+CONFIG_GIN = "config.gin"
 
 
 def run_path(model_dir: str, *parts: str) -> str:
@@ -68,3 +70,21 @@ def write_results(model_dir: str, results: dict, markdown: str | None = None) ->
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write(text)
             os.replace(path + ".tmp", path)
+
+
+def write_gin_config(model_dir: str, config_str: str) -> str:
+    """MODEL_DIR/config.gin (every binding, after includes and --gin. overrides: rerunnable with
+    --gin_file=MODEL_DIR/config.gin) and the same text in TensorBoard (tag `gin/config`, step 0), as
+    t5x's summarize_gin_config writes them. Returns the file's path."""
+    from etils import epath
+    from tensorboardX import SummaryWriter
+
+    import gin
+
+    path = run_path(model_dir, CONFIG_GIN)
+    epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    epath.Path(path).write_text(config_str)
+    writer = SummaryWriter(run_path(model_dir, TENSORBOARD))
+    writer.add_text("gin/config", gin.markdown(config_str), 0)
+    writer.close()
+    return path
