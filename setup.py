@@ -38,6 +38,12 @@ TEST_REQUIRES = [
     # The TPU compiler without a TPU (tests/test_tpu_compile.py, sentemb_jax.benchmarks.tpu_compile):
     # the libtpu jax[tpu]==0.10.2 pins (0.0.42.*). On a CPU host sentemb_jax keeps jax on the CPU.
     "libtpu==0.0.42.1",
+    # tests/test_export.py loads the SavedModel with hub.KerasLayer, as Sentence-T5's TF Hub models
+    # are used: tensorflow-hub runs on Keras 2 (tf-keras, the one for tensorflow 2.21), not Keras 3,
+    # and imports pkg_resources, which setuptools 82 removed.
+    "tensorflow-hub==0.16.1",
+    "tf-keras==2.21.0",
+    "setuptools<82",
 ]
 
 setup(

@@ -3,7 +3,8 @@
 A local directory with `config.json` and `model.safetensors` (or a sharded
 `model.safetensors.index.json`) becomes (config, params) for our Flax T5 / BERT-family modules,
 and params are written back in exactly the same layout. Every problem with a checkpoint is
-reported at once, by tensor name, in a `CheckpointError`.
+reported at once, by tensor name, in a `CheckpointError`. The head of a one-logit
+*ForSequenceClassification checkpoint maps onto the cross-encoder's (split_sequence_classifier).
 
 Pickle-based checkpoints (`pytorch_model.bin`) can run arbitrary code when loaded, so they are
 refused unless the caller passes `allow_pickle=True`; even then they go through torch's
@@ -389,6 +390,69 @@ def params_to_hf(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
             raise CheckpointError(f"cannot export: parameter {'/'.join(path)} (for {name}) is missing")
         value = np.asarray(jax.device_get(flat[path]))
         out[name] = np.ascontiguousarray(value.T if transpose else value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# *ForSequenceClassification heads with one logit <-> the params of models.cross.ClassifierHead
+# ({"pooler": {kernel, bias}, "kernel", "bias"}): BERT's head is bert.pooler.dense (tanh) then
+# `classifier`; the RoBERTa family's is classifier.dense (tanh) then classifier.out_proj.
+
+SEQUENCE_CLASSIFIERS = {  # config.json model_type -> (architecture, base model prefix)
+    "bert": ("BertForSequenceClassification", "bert."),
+    "roberta": ("RobertaForSequenceClassification", "roberta."),
+    "xlm-roberta": ("XLMRobertaForSequenceClassification", "roberta."),
+    "camembert": ("CamembertForSequenceClassification", "roberta."),
+}
+
+
+def is_sequence_classifier(hf: dict) -> bool:
+    return any(str(a).endswith("ForSequenceClassification") for a in hf.get("architectures") or [])
+
+
+def _classifier_names(model_type: str) -> tuple[str, str]:
+    """(tanh dense, output linear) tensor-name prefixes of the head."""
+    prefix = SEQUENCE_CLASSIFIERS[model_type][1]
+    return (f"{prefix}pooler.dense", "classifier") if model_type == "bert" else ("classifier.dense", "classifier.out_proj")
+
+
+def split_sequence_classifier(hf: dict, tensors: dict[str, np.ndarray], source: str) -> tuple[dict[str, np.ndarray], dict]:
+    """(the backbone's tensors, the head's params) of a *ForSequenceClassification checkpoint."""
+    model_type = hf.get("model_type")
+    if model_type not in SEQUENCE_CLASSIFIERS:
+        raise CheckpointError(f"{source}: a sequence-classification head of model_type={model_type!r} is not supported "
+                              f"(supported: {', '.join(SEQUENCE_CLASSIFIERS)})")
+    dense, out = _classifier_names(model_type)
+    rest, head, missing = dict(tensors), {}, []
+    for name in (f"{dense}.weight", f"{dense}.bias", f"{out}.weight", f"{out}.bias"):
+        short = name.removeprefix(SEQUENCE_CLASSIFIERS[model_type][1])
+        key = name if name in rest else short if short in rest else None
+        if key is None:
+            missing.append(name)
+        else:
+            head[name] = np.asarray(rest.pop(key), np.float32)
+    if missing:
+        raise CheckpointError(f"{source}: sequence-classification head tensors missing: {', '.join(missing)}")
+    labels, hidden = head[f"{out}.weight"].shape
+    if labels != 1:
+        raise CheckpointError(f"{source}: a classifier with {labels} labels; CrossEncoder scores a pair with one logit "
+                              "(num_labels=1)")
+    want = {f"{dense}.weight": (hidden, hidden), f"{dense}.bias": (hidden,), f"{out}.bias": (1,)}
+    wrong = [f"{n}: {head[n].shape}, expected {s}" for n, s in want.items() if head[n].shape != s]
+    if wrong:
+        raise CheckpointError(f"{source}: sequence-classification head tensors with the wrong shape: {'; '.join(wrong)}")
+    return rest, {"pooler": {"kernel": head[f"{dense}.weight"].T, "bias": head[f"{dense}.bias"]},
+                  "kernel": head[f"{out}.weight"].T, "bias": head[f"{out}.bias"]}
+
+
+def sequence_classifier_to_hf(model_type: str, cfg: ModelConfig, backbone: dict, head: dict) -> dict[str, np.ndarray]:
+    """Every tensor of the *ForSequenceClassification checkpoint of (backbone, head) params."""
+    prefix = SEQUENCE_CLASSIFIERS[model_type][1]
+    out = {prefix + name: value for name, value in params_to_hf(cfg, backbone).items()}
+    dense, linear = _classifier_names(model_type)
+    f32 = lambda x: np.ascontiguousarray(np.asarray(jax.device_get(x), np.float32))  # noqa: E731
+    out.update({f"{dense}.weight": f32(head["pooler"]["kernel"]).T.copy(), f"{dense}.bias": f32(head["pooler"]["bias"]),
+                f"{linear}.weight": f32(head["kernel"]).T.copy(), f"{linear}.bias": f32(head["bias"])})
     return out
 
 

@@ -2,15 +2,36 @@
 
     ce = CrossEncoder.from_pretrained("path/to/all-MiniLM-L6-v2")     # backbone weights + a new head
     scores = ce.predict([("A man plays.", "Someone plays music.")])   # sigmoid scores in (0, 1)
-    ce.save_pretrained("out/cross")                                   # backbone (HF layout) + head
+    ce.save_pretrained("out/cross")       # sentence_transformers.CrossEncoder("out/cross") loads it
 
-It loads the same directories as `SentenceEncoder` (Hugging Face or sentence-transformers); the
-head lives in `cross_encoder_head.safetensors` + `cross_encoder.json` next to the backbone, and a
-directory without them gets a freshly initialised head (seeded).
+The directories it reads and writes (the head kinds are `pooling` in sentemb_jax.models.cross):
+
+- Hugging Face *ForSequenceClassification, one label (BERT / RoBERTa family), saved by transformers
+  or sentence-transformers: head `pooler`, which is exactly HF's head (BERT: bert.pooler.dense +
+  tanh, dropout, classifier; RoBERTa: classifier.dense + tanh, classifier.out_proj). BERT-family
+  models with this head are written so: config.json (architectures, id2label / label2id as
+  transformers writes them), model.safetensors (`bert.*` / `roberta.*` + the head), the tokenizer,
+  and what sentence-transformers writes beside them (modules.json, sentence_bert_config.json with
+  the max length, config_sentence_transformers.json: activation Sigmoid, its default for one label).
+  A new head on a BERT-family backbone is this one, starting from the backbone's pooler if it has one.
+- sentence-transformers' modular cross-encoder: Transformer, Pooling (cls / mean), Dense to one
+  logit (`scores`, identity activation): heads `first` / `mean` (the first token or the mean,
+  dropout, one linear). No HF sequence classifier computes that (BERT's always goes through its
+  tanh pooler), so BERT-family models with these heads are written in this layout: exact in
+  sentence-transformers, not loadable by transformers' AutoModelForSequenceClassification.
+- ours: the backbone in HF layout + cross_encoder_head.safetensors + cross_encoder.json. T5
+  cross-encoders are written so (their pair is one text, T5_PAIR_FORMAT, which neither transformers
+  nor sentence-transformers builds; cross_encoder.json and README.md in the directory say so), and
+  directories of earlier versions (any backbone) load.
+
+A directory with none of these heads (a bi-encoder, a bare backbone) gets a new head, seeded.
+Weights are read from safetensors; pickle checkpoints only with allow_pickle=True.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 from typing import Sequence
 
@@ -21,13 +42,31 @@ import numpy as np
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.data.packing import pack_texts
-from sentemb_jax.encoder import _read_json, _read_layout, run_length_sorted
+from sentemb_jax.encoder import _position_limit, _read_dense, _read_json, _read_layout, _within_positions, run_length_sorted
 from sentemb_jax.models import ModelConfig, T5Config
-from sentemb_jax.models.cross import T5_PAIR_FORMAT, CrossEncoderModule
+from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
+
+log = logging.getLogger(__name__)
 
 HEAD_FILE = "cross_encoder_head.safetensors"
 HEAD_CONFIG = "cross_encoder.json"
+DEFAULT_MAX_LENGTH = 64  # a new head's (and an earlier version's directory's) max length
+
+# sentence-transformers 6 files and module types, as it writes them.
+MODULES_JSON = "modules.json"
+ST_MODULE_CONFIG = "sentence_bert_config.json"
+ST_CONFIG = "config_sentence_transformers.json"
+_ST_TRANSFORMER = "sentence_transformers.base.modules.transformer.Transformer"
+_ST_POOLING = "sentence_transformers.sentence_transformer.modules.pooling.Pooling"
+_ST_DENSE = "sentence_transformers.base.modules.dense.Dense"
+_ST_IDENTITY = "torch.nn.modules.linear.Identity"
+_ST_SIGMOID = "torch.nn.modules.activation.Sigmoid"
+_ST_POOLING_MODES = {"first": "cls", "mean": "mean"}
+_POOLING_DIR, _DENSE_DIR = "1_Pooling", "2_Dense"
+_OUR_LAYOUT_NOTE = ("sentemb_jax cross-encoder layout (T5: the pair is one text, t5_pair_format): the backbone in Hugging "
+                    "Face layout, the head in cross_encoder_head.safetensors. transformers and sentence-transformers "
+                    "would put a new, random head on this backbone: load it with sentemb_jax.CrossEncoder.from_pretrained.")
 
 
 class CrossEncoder:
@@ -38,20 +77,50 @@ class CrossEncoder:
         self._logits = jax.jit(lambda p, f: module.apply({"params": p}, **f))
 
     @classmethod
-    def from_pretrained(cls, path: str, pooling: str | None = None, max_seq_length: int = 64, seed: int = 0,
+    def from_pretrained(cls, path: str, pooling: str | None = None, max_seq_length: int | None = None, seed: int = 0,
                         allow_pickle: bool = False, buckets: Sequence[int] = DEFAULT_BUCKETS, **config_overrides) -> "CrossEncoder":
+        """Any directory of the module docstring. pooling: a new head's ('pooler' for BERT-family
+        backbones, 'first' for T5, by default); a saved head keeps its own. max_seq_length: default
+        the saved cross-encoder's (sentence_bert_config.json, else its tokenizer's, capped at the
+        positions), 64 for a new head."""
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: no such model directory")
         layout = _read_layout(path)
-        cfg, backbone, hf = checkpoints.load_hf_checkpoint(layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides)
-        saved = os.path.join(layout.transformer_dir, HEAD_CONFIG)
-        head_cfg = _read_json(saved) if os.path.isfile(saved) else {}
-        module = CrossEncoderModule(cfg, pooling=pooling or head_cfg.get("pooling", "first"))
-        head_path = os.path.join(layout.transformer_dir, HEAD_FILE)
-        head = _read_head(head_path, cfg.hidden_size) if os.path.isfile(head_path) else new_head(module, seed)
-        tokenizer = Tokenizer.from_pretrained(layout.transformer_dir, max_length=max_seq_length, buckets=buckets,
+        tdir = layout.transformer_dir
+        hf = checkpoints.read_hf_config_dict(tdir)
+        tensors = checkpoints.read_hf_tensors(tdir, allow_pickle=allow_pickle)
+        saved = None  # (pooling, head params, max length) of a saved head
+        if checkpoints.is_sequence_classifier(hf):
+            tensors, head = checkpoints.split_sequence_classifier(hf, tensors, tdir)
+            saved = ("pooler", head, layout.max_seq_length)
+        cfg = checkpoints.config_from_hf(hf, tensors.keys(), **config_overrides)
+        saved = saved or _modular_head(layout, cfg.hidden_size, allow_pickle) or _our_head(tdir, cfg.hidden_size)
+        if saved:
+            if pooling is not None and pooling != saved[0]:
+                log.warning("%s: the saved head pools %r; pooling=%r is ignored", path, saved[0], pooling)
+            pooling = saved[0]
+        pooling = pooling or ("first" if isinstance(cfg, T5Config) else "pooler")
+        if pooling not in CROSS_POOLING:
+            raise ValueError(f"CrossEncoder: pooling {pooling!r} (choose from {CROSS_POOLING})")
+        if pooling == "pooler" and isinstance(cfg, T5Config):
+            raise ValueError("CrossEncoder: pooling 'pooler' (Hugging Face's sequence-classification head) is for "
+                             "BERT-family backbones; T5 takes 'first' or 'mean'")
+        backbone = checkpoints.params_from_hf(cfg, tensors, source=tdir)
+        pretrained_pooler = None
+        if pooling == "pooler" and getattr(cfg, "add_pooling_layer", False):  # the head holds the pooler
+            pretrained_pooler = backbone.pop("pooler")
+            cfg = dataclasses.replace(cfg, add_pooling_layer=False)
+        module = CrossEncoderModule(cfg, pooling=pooling)
+        # HF's BertForSequenceClassification starts from the checkpoint's pooler; RoBERTa's head is new.
+        head = saved[1] if saved else new_head(module, seed, pretrained_pooler if hf.get("model_type") == "bert" else None)
+        if max_seq_length is None:
+            max_seq_length = saved[2] if saved else DEFAULT_MAX_LENGTH
+        tokenizer = Tokenizer.from_pretrained(tdir, max_length=_within_positions(max_seq_length, cfg, path), buckets=buckets,
                                               lowercase=layout.lowercase)
+        if tokenizer.max_length > (_position_limit(cfg) or tokenizer.max_length):  # the tokenizer's own default
+            tokenizer = Tokenizer(tokenizer.hf, _position_limit(cfg), buckets, tokenizer.lowercase, tokenizer.source_dir)
+        head = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), head)
         return cls(module, {"backbone": backbone, "head": head}, tokenizer, hf)
 
     @property
@@ -78,7 +147,8 @@ class CrossEncoder:
         return self.tokenizer.tokenize_pairs(first, second)
 
     def predict(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64, activation: str = "sigmoid") -> np.ndarray:
-        """Scores [n] float32 in the order of `pairs`: sigmoid(logit) (activation='sigmoid') or the logit ('none')."""
+        """Scores [n] float32 in the order of `pairs`: sigmoid(logit) (activation='sigmoid', as
+        sentence_transformers.CrossEncoder.predict for one label) or the logit ('none')."""
         if activation not in ("sigmoid", "none"):
             raise ValueError(f"CrossEncoder.predict: activation {activation!r} (choose 'sigmoid' or 'none')")
         if batch_size < 1:
@@ -96,20 +166,85 @@ class CrossEncoder:
         return 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out
 
     def save_pretrained(self, out_dir: str) -> None:
+        """The layout of the module docstring for this head: HF sequence classifier (BERT family,
+        `pooler`), sentence-transformers modules (BERT family, `first` / `mean`), ours (T5)."""
+        os.makedirs(out_dir, exist_ok=True)
         params = jax.device_get(self.params)
-        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
-        checkpoints.write_safetensors(os.path.join(out_dir, HEAD_FILE),
-                                       {k: np.asarray(v, np.float32) for k, v in params["head"].items()})
-        with open(os.path.join(out_dir, HEAD_CONFIG), "w", encoding="utf-8") as f:
-            json.dump({"pooling": self.module.pooling, "t5_pair_format": T5_PAIR_FORMAT}, f, indent=2)
+        if isinstance(self.config, T5Config):
+            _remove(out_dir, [MODULES_JSON, ST_MODULE_CONFIG, ST_CONFIG] + _MODULE_FILES)
+            self._save_ours(out_dir, params)
+        else:
+            _remove(out_dir, [HEAD_FILE, HEAD_CONFIG] + (_MODULE_FILES if self.module.pooling == "pooler" else []))
+            if self.module.pooling == "pooler":
+                self._save_sequence_classifier(out_dir, params)
+            else:
+                self._save_modules(out_dir, params)
         self.tokenizer.save_pretrained(out_dir)
 
+    def _save_sequence_classifier(self, out_dir: str, params: dict) -> None:
+        model_type = self.hf_config.get("model_type") or self.config.model_type
+        if model_type not in checkpoints.SEQUENCE_CLASSIFIERS:
+            raise CheckpointError(f"cannot save a sequence classifier of model_type={model_type!r}")
+        labels = self.hf_config.get("id2label")
+        labels = labels if isinstance(labels, dict) and len(labels) == 1 else {"0": "LABEL_0"}
+        hf = {**self.hf_config, "architectures": [checkpoints.SEQUENCE_CLASSIFIERS[model_type][0]],
+              "id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
+        hf.pop("num_labels", None)  # transformers writes id2label, from which it counts the labels
+        _write_json(os.path.join(out_dir, checkpoints.CONFIG_FILE), hf, sort_keys=True)
+        checkpoints.write_safetensors(os.path.join(out_dir, checkpoints.SAFETENSORS_FILE),
+                                      checkpoints.sequence_classifier_to_hf(model_type, self.config, params["backbone"], params["head"]))
+        self._write_st_files(out_dir, "sequence-classification", [("", _ST_TRANSFORMER)])
 
-def new_head(module: CrossEncoderModule, seed: int) -> dict:
-    """A fresh head for `module`: Hugging Face's classifier init, kernel normal(0.02), zero bias."""
+    def _save_modules(self, out_dir: str, params: dict) -> None:
+        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
+        d = self.config.hidden_size
+        _write_json(os.path.join(out_dir, _POOLING_DIR, "config.json"),
+                    {"embedding_dimension": d, "pooling_mode": _ST_POOLING_MODES[self.module.pooling], "include_prompt": True})
+        _write_json(os.path.join(out_dir, _DENSE_DIR, "config.json"),
+                    {"in_features": d, "out_features": 1, "bias": True, "activation_function": _ST_IDENTITY,
+                     "module_input_name": "sentence_embedding", "module_output_name": "scores"})
+        head = params["head"]
+        checkpoints.write_safetensors(os.path.join(out_dir, _DENSE_DIR, checkpoints.SAFETENSORS_FILE),
+                                      {"linear.weight": np.asarray(head["kernel"], np.float32).T.copy(),
+                                       "linear.bias": np.asarray(head["bias"], np.float32)})
+        self._write_st_files(out_dir, "feature-extraction",
+                             [("", _ST_TRANSFORMER), (_POOLING_DIR, _ST_POOLING), (_DENSE_DIR, _ST_DENSE)])
+
+    def _write_st_files(self, out_dir: str, task: str, modules: list[tuple[str, str]]) -> None:
+        """modules.json, sentence_bert_config.json (+ the max length and lowercasing, which
+        sentence-transformers' Transformer reads) and config_sentence_transformers.json."""
+        output = ("logits", "scores") if task == "sequence-classification" else ("last_hidden_state", "token_embeddings")
+        _write_json(os.path.join(out_dir, ST_MODULE_CONFIG), {
+            "transformer_task": task, "modality_config": {"text": {"method": "forward", "method_output_name": output[0]}},
+            "module_output_name": output[1], "max_seq_length": self.tokenizer.max_length,
+            "do_lower_case": self.tokenizer.lowercase})
+        _write_json(os.path.join(out_dir, ST_CONFIG), {"model_type": "CrossEncoder", "activation_fn": _ST_SIGMOID,
+                                                       "prompts": {}, "default_prompt_name": None})
+        _write_json(os.path.join(out_dir, MODULES_JSON),
+                    [{"idx": i, "name": str(i), "path": p, "type": t} for i, (p, t) in enumerate(modules)])
+
+    def _save_ours(self, out_dir: str, params: dict) -> None:
+        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
+        checkpoints.write_safetensors(os.path.join(out_dir, HEAD_FILE),
+                                      {k: np.asarray(params["head"][k], np.float32) for k in ("kernel", "bias")})
+        _write_json(os.path.join(out_dir, HEAD_CONFIG), {
+            "pooling": self.module.pooling, "t5_pair_format": T5_PAIR_FORMAT, "max_seq_length": self.tokenizer.max_length,
+            "layout": _OUR_LAYOUT_NOTE})
+        with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
+            f.write(f"# Cross-encoder (sentemb_jax)\n\n{_OUR_LAYOUT_NOTE}\n\n```python\nfrom sentemb_jax import CrossEncoder\n"
+                    f"scores = CrossEncoder.from_pretrained(path).predict([(\"a sentence\", \"another\")])\n```\n")
+
+
+def new_head(module: CrossEncoderModule, seed: int, pooler: dict | None = None) -> dict:
+    """A fresh head for `module`: Hugging Face's classifier init, kernels normal(0.02), zero biases;
+    the `pooler` head's tanh dense is `pooler` when given (a pretrained BERT pooler)."""
     d = module.backbone_config.hidden_size
-    kernel = jax.random.normal(jax.random.PRNGKey(seed), (d, 1), jnp.float32) * 0.02
-    return {"kernel": kernel, "bias": jnp.zeros((1,), jnp.float32)}
+    key = jax.random.PRNGKey(seed)
+    head = {"kernel": jax.random.normal(key, (d, 1), jnp.float32) * 0.02, "bias": jnp.zeros((1,), jnp.float32)}
+    if module.pooling == "pooler":
+        head["pooler"] = pooler or {"kernel": jax.random.normal(jax.random.fold_in(key, 1), (d, d), jnp.float32) * 0.02,
+                                    "bias": jnp.zeros((d,), jnp.float32)}
+    return head
 
 
 def _split_pairs(pairs) -> tuple[list[str], list[str]]:
@@ -120,7 +255,33 @@ def _split_pairs(pairs) -> tuple[list[str], list[str]]:
     return check_texts([p[0] for p in pairs], "CrossEncoder"), check_texts([p[1] for p in pairs], "CrossEncoder")
 
 
-def _read_head(path: str, hidden: int) -> dict:
+def _modular_head(layout, hidden: int, allow_pickle: bool) -> tuple[str, dict, int | None] | None:
+    """A sentence-transformers cross-encoder's Pooling + Dense-to-`scores` head, as ours; None without one."""
+    scores = [d for d in layout.dense_dirs if _read_json(os.path.join(d, "config.json")).get("module_output_name") == "scores"]
+    if not scores:
+        return None
+    inverse = {v: k for k, v in _ST_POOLING_MODES.items()}
+    where = scores[0]
+    if len(layout.dense_dirs) != 1 or layout.normalize or len(layout.pooling or ()) != 1 or layout.pooling[0] not in inverse:
+        raise CheckpointError(f"{where}: a sentence-transformers cross-encoder is read as one Pooling (cls or mean) then "
+                              f"one Dense to the score; this one has pooling {layout.pooling}, "
+                              f"{len(layout.dense_dirs)} Dense module(s){', Normalize' if layout.normalize else ''}")
+    params, out_features, use_bias, act = _read_dense(where, hidden, allow_pickle)
+    if out_features != 1 or act is not None:
+        raise CheckpointError(f"{where}: the score Dense has {out_features} outputs and activation {act!r}; "
+                              "CrossEncoder reads one logit with no activation")
+    if not use_bias:
+        params["bias"] = np.zeros((1,), np.float32)
+    return inverse[layout.pooling[0]], params, layout.max_seq_length
+
+
+def _our_head(tdir: str, hidden: int) -> tuple[str, dict, int] | None:
+    """The head of our own layout (T5, and earlier versions' directories); None without one."""
+    path = os.path.join(tdir, HEAD_FILE)
+    if not os.path.isfile(path):
+        return None
+    cfg_path = os.path.join(tdir, HEAD_CONFIG)
+    head_cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
     tensors = checkpoints.read_safetensors_file(path)
     want = {"kernel": (hidden, 1), "bias": (1,)}
     for name, shape in want.items():
@@ -128,4 +289,26 @@ def _read_head(path: str, hidden: int) -> dict:
             raise CheckpointError(f"{path}: missing tensor {name!r}")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {shape}")
-    return {k: jnp.asarray(tensors[k]) for k in want}
+    return head_cfg.get("pooling", "first"), {k: tensors[k] for k in want}, head_cfg.get("max_seq_length", DEFAULT_MAX_LENGTH)
+
+
+# The sentence-transformers module files of the other layouts, removed when a directory is saved over.
+_MODULE_FILES = [os.path.join(_POOLING_DIR, "config.json"), os.path.join(_DENSE_DIR, "config.json"),
+                 os.path.join(_DENSE_DIR, checkpoints.SAFETENSORS_FILE)]
+
+
+def _remove(out_dir: str, names: list[str]) -> None:
+    """Files an earlier save of another layout left (they would decide how the directory loads)."""
+    for name in names:
+        path = os.path.join(out_dir, name)
+        if os.path.isfile(path):
+            os.remove(path)
+        parent = os.path.dirname(path)
+        if os.path.normpath(parent) != os.path.normpath(out_dir) and os.path.isdir(parent) and not os.listdir(parent):
+            os.rmdir(parent)
+
+
+def _write_json(path: str, obj, sort_keys: bool = False) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=sort_keys)

@@ -2,9 +2,11 @@
 
     enc = SentenceEncoder.from_pretrained("path/to/all-MiniLM-L6-v2")
     emb = enc.encode(["A man is playing a guitar.", "Someone plays music."])  # [2, 384] float32
+    enc.similarity(emb, emb)                                                   # [2, 2] cosine
 
-`encode(sentences, batch_size=..., **kwargs) -> np.ndarray` also fits MTEB's custom-model
-protocol (extra keyword arguments such as `task_name` or `prompt_type` are accepted and ignored).
+`encode` keeps sentence-transformers' `SentenceTransformer.encode` contract (its keywords and
+their semantics: sentemb_jax/encode_contract.py), and takes MTEB 1.x's `task_name` / `prompt_type`
+(ignored), so it fits MTEB's custom-model protocol too.
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
+from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
-from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes, l2_normalize
+from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
 from sentemb_jax.validation import ConfigError, is_under
@@ -71,7 +74,7 @@ class _Layout:
     normalize: bool = False
     max_seq_length: int | None = None
     lowercase: bool = False
-
+    include_prompt: bool = True  # the Pooling module pools the prompt's tokens too
 
 
 
@@ -116,6 +119,7 @@ def _read_layout(path: str) -> _Layout:
             else:
                 modes = tuple(name for key, name in _ST_LEGACY_POOLING if cfg.get(key))
             layout.pooling = check_pooling_modes(modes)
+            layout.include_prompt = bool(cfg.get("include_prompt", True))
         elif kind == "Dense":
             layout.dense_dirs.append(mdir)
         elif kind == "Normalize":
@@ -199,15 +203,25 @@ def _stderr_is_terminal() -> bool:
     return bool(getattr(sys.stderr, "isatty", None) and sys.stderr.isatty())
 
 
-class SentenceEncoder:
-    """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params."""
+def _last_hidden(module: SentenceEmbedder, input_ids, attention_mask):
+    """The backbone's last hidden state [batch, length, hidden] (sentence-transformers' token_embeddings)."""
+    return module.backbone.encode(input_ids, attention_mask, True, False)[0].astype(jnp.float32)
 
-    def __init__(self, module: SentenceEmbedder, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None):
+
+class SentenceEncoder(contract.ModelSettings):
+    """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params, with
+    sentence-transformers' model-level settings (prompts, default_prompt_name, similarity_fn_name,
+    truncate_dim: `encode_contract.ModelSettings`) and its `similarity` / `similarity_pairwise`."""
+
+    def __init__(self, module: SentenceEmbedder, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None,
+                 **settings):
         self.module = module
         self.params = params
         self.tokenizer = tokenizer
         self.hf_config = hf_config or {}
+        self._init_settings(**settings)
         self._embed = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
+        self._tokens = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden))
 
     # ------------------------------------------------------------------ loading
 
@@ -221,18 +235,28 @@ class SentenceEncoder:
         dtype: Any = None,
         allow_pickle: bool = False,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
+        similarity_fn_name: str | None = None,
+        truncate_dim: int | None = None,
         **config_overrides,
     ) -> "SentenceEncoder":
         """Load a Hugging Face model directory or a sentence-transformers directory.
 
         sentence-transformers' modules.json is honoured (Transformer, Pooling, Dense, Normalize);
         arguments given here override it. A plain HF directory defaults to mean pooling.
+        prompts, default_prompt_name, similarity_fn_name, truncate_dim: as SentenceTransformer's;
+        those given here win over config_sentence_transformers.json's (prompts: name by name).
         """
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: no such model directory")
-        if os.path.isfile(os.path.join(path, ENCODER_JSON)):
-            return cls.from_run(path, max_seq_length=max_seq_length)
+        if os.path.isfile(os.path.join(path, ENCODER_JSON)):  # a run: the settings of the model it started from
+            encoder = cls.from_run(path, max_seq_length=max_seq_length)
+            encoder._init_settings(prompts, default_prompt_name, similarity_fn_name, truncate_dim,
+                                   encoder.include_prompt, config=encoder._settings())
+            return encoder
+        st_config = contract.read_st_config(path)
         layout = _read_layout(path)
         if dtype is not None:
             config_overrides.setdefault("dtype", jnp.dtype(dtype))
@@ -258,7 +282,9 @@ class SentenceEncoder:
         )
         if tokenizer.max_length > (_position_limit(cfg) or tokenizer.max_length):  # the tokenizer's own default
             tokenizer = Tokenizer(tokenizer.hf, _position_limit(cfg), buckets, tokenizer.lowercase, tokenizer.source_dir)
-        return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf)
+        return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf, prompts=prompts,
+                   default_prompt_name=default_prompt_name, similarity_fn_name=similarity_fn_name,
+                   truncate_dim=truncate_dim, include_prompt=layout.include_prompt, config=st_config)
 
     @classmethod
     def from_run(cls, run_dir: str, which: str = "best", max_seq_length: int | None = None) -> "SentenceEncoder":
@@ -276,7 +302,7 @@ class SentenceEncoder:
         if arch.get("projection_dim"):
             module = encoder.module.clone(projection_dim=arch["projection_dim"], projection_bias=True,
                                           projection_activation=arch.get("projection_activation"))
-            encoder = cls(module, None, encoder.tokenizer, encoder.hf_config)
+            encoder = cls(module, None, encoder.tokenizer, encoder.hf_config, **encoder._settings())
         restored, damaged = None, []
         for kind in (BEST, CHECKPOINTS) if which == "best" else (CHECKPOINTS,):
             manager = checkpoint_manager(run_dir, kind, create=False,
@@ -321,37 +347,98 @@ class SentenceEncoder:
     def encode(
         self,
         sentences: str | Sequence[str],
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         batch_size: int = 64,
-        normalize: bool = True,
         show_progress_bar: bool | None = None,
+        output_value: str | None = "sentence_embedding",
+        precision: str = "float32",
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        device: Any = None,
+        normalize_embeddings: bool | None = None,
+        truncate_dim: int | None = None,
+        pool: None = None,
+        chunk_size: None = None,
+        normalize: bool | None = None,
         **kwargs,
-    ) -> np.ndarray:
-        """Embeddings [n, dim] float32 (a single str gives [dim]), in the order of `sentences`.
+    ):
+        """Embeddings of `sentences` in their order, as sentence-transformers' SentenceTransformer.encode
+        (6.2.0) gives them: by default float32 [n, dim] numpy (a single str gives [dim]). The model's
+        own modules run first (Pooling, Dense, and Normalize when modules.json has one); then:
 
-        Sentences are sorted by token length so that each batch pads little, then restored.
+        prompt_name / prompt: `prompt` (or `self.prompts[prompt_name]`, else the default prompt
+            name's) is put before each sentence; `prompt` wins over `prompt_name`; an unknown
+            prompt_name raises, naming the prompts there are.
+        batch_size: texts per forward pass (sorted by token length so that each batch pads little).
+        show_progress_bar: True / False; None (default): a bar for 2,000+ texts on a terminal.
+        output_value: 'sentence_embedding', or 'token_embeddings' (a list of [tokens_i, hidden]
+            arrays, the backbone's last hidden state up to each text's last token; truncate_dim,
+            normalize_embeddings and convert_to_* do not apply). Others (None) raise.
+        truncate_dim: keep the first truncate_dim dimensions (default: self.truncate_dim), before
+            normalize_embeddings normalises.
+        normalize_embeddings: L2-normalise the (truncated) embeddings; default False.
+            `normalize` is its older name (the same switch); both given must agree.
+        precision: 'float32', 'int8', 'uint8', 'binary' or 'ubinary', quantised as
+            sentence_transformers.quantize_embeddings does with no calibration: int8 / uint8
+            ranges from the embeddings of this call (so one text cannot be quantised to int8).
+        convert_to_tensor: one JAX array; else convert_to_numpy: one numpy array; else a list of
+            JAX arrays (one per text).
+        device: accepted and ignored (JAX places the computation on its default device).
+        pool, chunk_size: multi-process encoding, not supported (only None).
+        task_name, prompt_type: MTEB 1.x's protocol keywords, accepted and ignored.
+        Any other keyword raises TypeError. An empty list gives [0, dim] (sentence-transformers: [0]).
         """
+        where = "SentenceEncoder.encode"
+        contract.check_keywords(kwargs, pool, chunk_size, where)
         single = isinstance(sentences, str)
-        texts = check_texts([sentences] if single else sentences, "SentenceEncoder.encode")
+        texts = check_texts([sentences] if single else sentences, where)
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-            raise ConfigError(f"SentenceEncoder.encode: batch_size must be an integer >= 1, got {batch_size!r}")
+            raise ConfigError(f"{where}: batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
-            raise ValueError(f"SentenceEncoder.encode: batch_size must be >= 1, got {batch_size}")
+            raise ValueError(f"{where}: batch_size must be >= 1, got {batch_size}")
+        normalize = contract.resolve_normalize(normalize_embeddings, normalize, where)
+        precision = contract.check_options(output_value, precision, convert_to_numpy, convert_to_tensor,
+                                           show_progress_bar, where)
+        truncate_dim = contract.check_truncate_dim(self.truncate_dim if truncate_dim is None else truncate_dim, where)
+        texts = contract.with_prompt(texts, self, prompt, prompt_name, where)
+        # Default: a bar for long inputs on a terminal only (a log file gets no carriage-return frames).
+        show = (len(texts) >= _PROGRESS_MIN_SENTENCES and _stderr_is_terminal()) if show_progress_bar is None \
+            else show_progress_bar
+        if output_value == "token_embeddings":
+            return contract.finish_token_embeddings(self._token_embeddings(texts, batch_size, show), precision, single)
+        return contract.finish_sentence_embeddings(
+            self._sentence_embeddings(texts, batch_size, show), truncate_dim=truncate_dim, normalize=normalize,
+            precision=precision, convert_to_numpy=convert_to_numpy, convert_to_tensor=convert_to_tensor, single=single)
+
+    def _sentence_embeddings(self, texts: list[str], batch_size: int, show: bool) -> np.ndarray:
+        """float32 [len(texts), dim]: the model's output (its Normalize module included)."""
         dim = self.get_sentence_embedding_dimension()
         if not texts:
             return np.zeros((0, dim), np.float32)
         ids = self.tokenizer.tokenize(texts)
-        # Default: a bar for long inputs on a terminal only (a log file gets no carriage-return frames).
-        show = (len(texts) >= _PROGRESS_MIN_SENTENCES and _stderr_is_terminal()) if show_progress_bar is None \
-            else show_progress_bar
 
         def embed(chunk, rows):
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
             return self._embed(self.params, batch["input_ids"], batch["attention_mask"])
 
-        out = run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
-        if normalize:
-            out = np.asarray(l2_normalize(out))
-        return out[0] if single else out
+        return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
+
+    def _token_embeddings(self, texts: list[str], batch_size: int, show: bool) -> list[np.ndarray]:
+        """float32 [tokens_i, hidden] per text: the backbone's last hidden state over the text's tokens."""
+        if not texts:
+            return []
+        ids = self.tokenizer.tokenize(texts)
+        order = np.argsort([-len(x) for x in ids], kind="stable")
+        rows = batch_size if len(ids) >= batch_size else 1 << (len(ids) - 1).bit_length()
+        out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
+        for start in tqdm(range(0, len(ids), batch_size), desc="encode", disable=not show, unit="batch"):
+            chunk = order[start : start + batch_size]
+            batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
+            hidden = np.asarray(self._tokens(self.params, batch["input_ids"], batch["attention_mask"]))
+            for row, i in enumerate(chunk):
+                out[i] = hidden[row, : len(ids[i])]
+        return out
 
     def first_layers(self, layers: int) -> "SentenceEncoder":
         """This model with only its first `layers` encoder layers (layer dropping: a student
@@ -369,13 +456,15 @@ class SentenceEncoder:
         backbone["encoder"] = stack
         # The HF config names the field as our configs do (T5: num_layers, BERT: num_hidden_layers).
         return SentenceEncoder(self.module.clone(backbone_config=dataclasses.replace(cfg, **{field: layers})),
-                               {**self.params, "backbone": backbone}, self.tokenizer, {**self.hf_config, field: layers})
+                               {**self.params, "backbone": backbone}, self.tokenizer, {**self.hf_config, field: layers},
+                               **self._settings())
 
     # ------------------------------------------------------------------ saving
 
     def save_pretrained(self, out_dir: str) -> None:
-        """A sentence-transformers directory (Transformer at the root, Pooling, Dense, Normalize)
-        that `SentenceEncoder.from_pretrained` and sentence-transformers load."""
+        """A sentence-transformers directory (Transformer at the root, Pooling, Dense, Normalize, and
+        config_sentence_transformers.json with the prompts, default_prompt_name, similarity_fn_name
+        and truncate_dim) that `SentenceEncoder.from_pretrained` and sentence-transformers load."""
         os.makedirs(out_dir, exist_ok=True)
         params = jax.device_get(self.params)
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
@@ -389,6 +478,8 @@ class SentenceEncoder:
             pooling.update({key: name in self.module.pooling for key, name in _ST_LEGACY_POOLING})
         else:
             pooling["pooling_mode"] = list(self.module.pooling)
+        if not self.include_prompt:
+            pooling["include_prompt"] = False
         modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
         _write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
         if self.module.projection_dim:
@@ -408,6 +499,7 @@ class SentenceEncoder:
             modules.append((f"{len(modules)}_Normalize", "sentence_transformers.models.Normalize"))
         _write_json(os.path.join(out_dir, "modules.json"),
                     [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)])
+        _write_json(os.path.join(out_dir, contract.ST_CONFIG), self._st_config())
 
     def __repr__(self) -> str:
         c = self.config

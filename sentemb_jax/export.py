@@ -6,6 +6,15 @@
     m = tf.saved_model.load(dir)
     m.signatures["serving_default"](text=tf.constant(["a sentence", ...]))["embeddings"]    # [batch, dim]
     m.signatures["embed_ids"](input_ids=ids, attention_mask=mask)["embeddings"]
+    m(tf.constant(["a sentence", ...]))[0]                                                   # [batch, dim]
+
+    encoder = hub.KerasLayer(dir)              # tensorflow_hub (tf_keras), as Sentence-T5's TF Hub models
+    (embeddings,) = encoder(tf.constant(["a sentence", ...]))
+
+`__call__` takes a string tensor [batch] and returns a list of one tensor, the embeddings: the
+calling convention of Sentence-T5's TF Hub models (`encoder(sentences)[0]`). The SavedModel also
+has `variables` (the weights) and an empty `trainable_variables`, as TF Hub's reusable SavedModels:
+it is for inference (hub.KerasLayer(dir, trainable=True) has nothing to train).
 
 The model's forward is our Flax module converted with jax2tf (batch- and length-polymorphic),
 its weights tf.Variables. The text signature tokenises with the same in-graph tokenizers as the
@@ -63,9 +72,13 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     budget = length - len(spec.prefix_ids) - len(spec.suffix_ids)
 
     class Exported(tf.Module):
+        variables = trainable_variables = None  # attributes here (tf.Module has properties): TF Hub reads them
+
         def __init__(self):
             super().__init__()
             self.params = variables  # tracked: saved with the graph
+            self.variables = tf.nest.flatten(variables)
+            self.trainable_variables = []
             # The WordPiece lookup table is a TF resource the text signature captures: tracked, so
             # the SavedModel saves (and re-creates) it. SentencePiece keeps its model in the op.
             self.vocab_table = getattr(spec.vocabulary, "table", None)
@@ -86,6 +99,10 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
             ids = ids.to_tensor(default_value=spec.pad_id)
             mask = mask.to_tensor(default_value=0)
             return {"embeddings": tf_embed(self.params, ids, mask)}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def __call__(self, text):
+            return [self.serve(text)["embeddings"]]
 
     exported = Exported()
     staging = f"{out_dir.rstrip('/')}.tmp-{os.getpid()}"

@@ -265,10 +265,6 @@ def _run_job(argv: list[str], console) -> int:
         model_dir = _model_dir_of_config()
         process = _process_index() if several else 0
         console.use_model_dir(model_dir, process)
-        if model_dir and process == 0:  # as t5x: the config this job runs with, beside its outputs
-            from sentemb_jax.run_dir import write_gin_config
-
-            console.log_only(f"gin config written to {write_gin_config(model_dir, gin.config_str())}")
         try:
             run()
         except RuntimeError as e:
@@ -276,6 +272,8 @@ def _run_job(argv: list[str], console) -> int:
             if "Required bindings" in str(e):
                 raise UsageError(f"gin configuration error: {split_gin_context(str(e))[0]}") from None
             raise
+        if model_dir and process == 0:
+            _keep_gin_config(model_dir, console)
     except Preempted as e:  # SIGTERM / Ctrl-C in training: checkpointed, resumable
         message, context = split_gin_context(str(e))
         console.log_only("\n".join(context))
@@ -302,6 +300,20 @@ def _verbosity(argv: list[str]) -> int:
                 raise UsageError(f"--verbosity={value}: must be 0 (our lines), 1 (+ library warnings) or 2 (+ library INFO)")
             return int(value)
     return 0
+
+
+def _keep_gin_config(model_dir: str, console) -> None:
+    """MODEL_DIR/config.gin, as t5x writes it, once a job has finished (the train job writes it
+    at its start; a failed or refused job adds nothing to MODEL_DIR but its log)."""
+    from sentemb_jax.run_dir import keep_gin_config  # lazy: imports orbax / jax, only once the console has taken stderr
+
+    try:
+        written = keep_gin_config(model_dir, gin.config_str())
+    except OSError as e:  # the job's own outcome matters more than this record
+        console.log_only(f"could not write config.gin in {model_dir}: {e}")
+        return
+    if written:
+        console.log_only(f"gin config written to {written}")
 
 
 def _process_index() -> int:

@@ -20,7 +20,7 @@ LAYERS = [
     ("io", ["sentemb_jax.checkpoints", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
             "sentemb_jax.hub"]),
     ("data", ["sentemb_jax.data"]),
-    ("inference", ["sentemb_jax.encoder", "sentemb_jax.cross_encoder", "sentemb_jax.export",
+    ("inference", ["sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder", "sentemb_jax.export",
                    "sentemb_jax.ensemble_encoder"]),
     ("evaluation", ["sentemb_jax.evaluation"]),
     ("training", ["sentemb_jax.training"]),

@@ -151,7 +151,7 @@ def test_first_layers_is_the_teachers_intermediate_layer(tmp_path, minilm_dir):
     mask = np.asarray(enc["attention_mask"])[..., None]
     want = (hidden * mask).sum(1) / mask.sum(1)
     want /= np.linalg.norm(want, axis=1, keepdims=True)
-    np.testing.assert_allclose(student.encode(texts), want, atol=2e-5)
+    np.testing.assert_allclose(student.encode(texts, normalize_embeddings=True), want, atol=2e-5)
     student.save_pretrained(str(tmp_path / "s"))
     assert SentenceEncoder.from_pretrained(str(tmp_path / "s")).config.num_hidden_layers == 2
     with pytest.raises(ValueError, match="has 4 encoder layers"):
@@ -211,7 +211,8 @@ def test_congen_job_caches_teacher_per_teacher_and_fills_the_queue(tiny, tmp_pat
     texts = [line for f in files for line in open(f, encoding="utf-8").read().splitlines()[1:]]
     assert rows.shape == (240, 32)
     teacher = SentenceEncoder.from_pretrained(str(root / "teacher"), max_seq_length=32)
-    np.testing.assert_allclose(rows[[0, 149, 150, 239]], teacher.encode([texts[i] for i in (0, 149, 150, 239)]), atol=1e-5)
+    np.testing.assert_allclose(rows[[0, 149, 150, 239]], teacher.encode([texts[i] for i in (0, 149, 150, 239)],
+                                                                        normalize_embeddings=True), atol=1e-5)
     # Queue: 6 steps x 16 teacher rows into 40 slots; every entry is a teacher row.
     (queue,) = state["queues"]
     assert int(queue["pointer"]) == (6 * 16) % 40
@@ -269,7 +270,7 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
         from sentemb_jax.encoder import SentenceEncoder
 
         teacher = SentenceEncoder.from_pretrained(str(root / "teacher"), max_seq_length=32)
-        want = teacher.encode(fixed)
+        want = teacher.encode(fixed, normalize_embeddings=True)
         unit = want / np.linalg.norm(want, axis=1, keepdims=True)
         assert np.abs(v2[:, None, :] - unit[None]).max(axis=2).min(axis=1).max() <= 1e-5  # D2 = cached teacher rows
         new = {f for f in set(os.listdir(cache)) - before if f.endswith(".npy")}

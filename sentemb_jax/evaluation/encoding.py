@@ -8,9 +8,10 @@ Bi-encoder protocol
     MTEB fit: MTEB 1.x's custom-model protocol (`mteb.encoder_interface.Encoder`) calls
     `model.encode(sentences, task_name=..., prompt_type=..., **kwargs)` (plus `batch_size=` from
     `encode_kwargs`) and expects an array [n, dim] back. An `encode` that takes `batch_size` and
-    swallows other keyword arguments, as `SentenceEncoder.encode` does, therefore serves both MTEB
-    and these evaluators without a wrapper. (MTEB 2 passes a DataLoader of batches instead of a
-    list; wrap the model there.) The evaluators here only ever pass `batch_size`.
+    those two keywords, as `SentenceEncoder.encode` does (it raises TypeError for keywords outside
+    sentence-transformers' and MTEB's), therefore serves both MTEB and these evaluators without a
+    wrapper. (MTEB 2 passes a DataLoader of batches instead of a list; wrap the model there.) The
+    evaluators here only ever pass `batch_size`.
 
 Cross-encoder protocol
     `model.predict(pairs: list[tuple[str, str]]) -> array [n]` (one relevance score per pair, higher =

@@ -270,8 +270,8 @@ def texts_fingerprint(texts) -> str:
 
 
 def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, batch_size: int = 128) -> np.ndarray:
-    """teacher.encode(texts) ([N, D] float32), read from / written to `cache_dir` under a key of
-    the teacher (weights, pooling, max length) and the texts."""
+    """teacher.encode(texts, normalize_embeddings=True) ([N, D] float32, unit rows), read from /
+    written to `cache_dir` under a key of the teacher (weights, pooling, max length) and the texts."""
     cache_dir = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "sentemb_jax", "teacher_embeddings")
     identity = {"params": params_fingerprint(teacher.params), "module": repr(teacher.module),
                 "max_length": teacher.max_seq_length, "texts": texts_fingerprint(texts), "rows": len(texts)}
@@ -283,7 +283,10 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
             log.info("teacher embeddings from the cache %s", path)
             return _checked_finite(out, path)
         log.warning("%s: %d rows for %d texts; recomputing", path, out.shape[0], len(texts))
-    out = _checked_finite(np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None), np.float32),
+    # Unit vectors whatever the teacher's modules (what the cache has always held: encode normalised
+    # by default before it followed sentence-transformers' normalize_embeddings=False).
+    out = _checked_finite(np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None,
+                                                    normalize_embeddings=True), np.float32),
                           "the teacher's embeddings")
     os.makedirs(cache_dir, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}.npy"

@@ -41,7 +41,7 @@ from sentemb_jax.errors import TrainingError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
-from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, checkpoint_manager, run_path
+from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, checkpoint_manager, run_path, write_gin_config
 from sentemb_jax.tokenization import Tokenizer
 from sentemb_jax.training import run_record
 from sentemb_jax.training.checks import check_train_config, check_train_inputs
@@ -251,6 +251,7 @@ def train(
     if is_primary():  # run metadata only now that every check has passed (a refused start rewrites nothing)
         _write_architecture(model_dir, encoder, init_from, pooling, config_overrides, init_layers)
         run_record.write(model_dir, record)
+        write_gin_config(model_dir, gin.config_str())  # as t5x at the start of training
     schedule = Schedule(num_steps, log_every, eval_every, checkpoint_every, eval_at_start, time_budget_s=time_budget_s)
     run = RunState(state, model_dir, pipeline, schedule, manager, keeper=BestCheckpoint(best_manager),
                    writer=MetricsWriter(model_dir, run_path(model_dir, METRICS_JSONL)) if is_primary() else None,
