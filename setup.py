@@ -44,6 +44,9 @@ TEST_REQUIRES = [
     "tensorflow-hub==0.16.1",
     "tf-keras==2.21.0",
     "setuptools<82",
+    # tests/test_mteb2.py: MTEB 2's evaluator on our encoder (sentemb_jax.evaluation.mteb_adapter);
+    # resolves with every pin above (adds datasets, pandas, polars, pytrec-eval-terrier, nothing re-pinned).
+    "mteb==2.26.24",
 ]
 
 setup(

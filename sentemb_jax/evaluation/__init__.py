@@ -10,6 +10,7 @@ What counts as a model (see `encoding.py`):
 
 Modules: `sts` (STS12-16, STS-B, SICK-R), `pairs` (AUC), `transfer` (SentEval MR/CR/SUBJ/MPQA/SST2/TREC),
 `sentglue` (MRPC/STS-B/QNLI/SICK-E with [u, v, |u-v|, u*v]), `geometry` (alignment/uniformity),
-`reranking` (MAP, MRR@10), `readers` (labelled TSV / JSONL files), `plots`, `report`. The gin jobs that run
+`reranking` (MAP, MRR@10), `readers` (labelled TSV / JSONL files), `plots`, `report`, `mteb_adapter`
+(MTEB 2's encoder / cross-encoder protocols; imports mteb, so nothing else imports it). The gin jobs that run
 them are in `sentemb_jax/jobs/evaluate.py`.
 """

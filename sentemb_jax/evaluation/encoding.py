@@ -10,7 +10,9 @@ Bi-encoder protocol
     `encode_kwargs`) and expects an array [n, dim] back. An `encode` that takes `batch_size` and
     those two keywords, as `SentenceEncoder.encode` does (it raises TypeError for keywords outside
     sentence-transformers' and MTEB's), therefore serves both MTEB and these evaluators without a
-    wrapper. (MTEB 2 passes a DataLoader of batches instead of a list; wrap the model there.) The
+    wrapper. MTEB 2 passes a DataLoader of batches instead of a list and reads `mteb_model_meta`:
+    wrap the model in `sentemb_jax.evaluation.mteb_adapter.MtebEncoder` (cross-encoders:
+    `MtebCrossEncoder`), a module that imports mteb and that only MTEB users import. The
     evaluators here only ever pass `batch_size`.
 
 Cross-encoder protocol
