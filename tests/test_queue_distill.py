@@ -16,7 +16,7 @@ from hf_models import make_minilm_shaped_bert
 
 from sentemb_jax import losses
 from sentemb_jax.methods import instance_queue as iq
-from sentemb_jax.methods.queue_distill import QueueDistillConfig, distill_loss
+from sentemb_jax.methods.queue_distill import QueueDistillConfig, distill_loss, embedding_norm
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -137,6 +137,27 @@ def test_baseline_switch_terms():
     with pytest.raises(ValueError, match="method 'seed'"):
         QueueDistillConfig(method="seed", teacher="t")
 
+
+
+@pytest.mark.parametrize("method", ["l2", "dual_l2", "skd"])
+def test_l2_baselines_compare_unit_vectors_unless_asked(method):
+    """ConGen 3.1: every z is unit length. A student without a Normalize module (outputs of norm 3
+    here) gets the same loss as its unit-length output; l2_on_raw_output keeps the earlier raw one."""
+    rng = np.random.default_rng(5)
+    t, c, g = _unit(rng, 3, 4), _unit(rng, 3, 4), _unit(rng, 3, 4)
+    mse = lambda a, b: float(np.mean((a - b) ** 2))  # noqa: E731
+    terms = {"l2": [(c, t)], "dual_l2": [(c, t), (g, t)], "skd": [(c, t), (g, t), (c, g)]}[method]
+
+    def loss(cfg, student_scale):
+        norm = embedding_norm(cfg)
+        return float(distill_loss(cfg, norm(student_scale * c), norm(student_scale * g), (), (norm(t),), None))
+
+    faithful = QueueDistillConfig(method=method, teacher="t")
+    assert loss(faithful, 3.0) == pytest.approx(sum(mse(a, b) for a, b in terms), rel=1e-6)
+    raw = QueueDistillConfig(method=method, teacher="t", l2_on_raw_output=True)
+    scaled = {id(c): 3 * c, id(g): 3 * g, id(t): t}
+    assert loss(raw, 3.0) == pytest.approx(sum(mse(scaled[id(a)], scaled[id(b)]) for a, b in terms), rel=1e-6)
+    np.testing.assert_array_equal(embedding_norm(QueueDistillConfig(method="ensemble"))(3 * c), 3 * c)  # as given
 
 def test_first_layers_is_the_teachers_intermediate_layer(tmp_path, minilm_dir):
     from sentemb_jax.encoder import SentenceEncoder

@@ -57,7 +57,7 @@ Array = jax.Array
 METHODS = ("congen", "l2", "dual_l2", "skd", "ckd", "sct", "sct_distill", "ensemble")
 _TEACHER_QUEUE = ("congen", "ckd")  # one queue of the teacher's view1 embeddings
 _SCT = ("sct", "sct_distill")
-_AS_GIVEN = ("l2", "dual_l2", "skd", "ensemble")  # compare the embeddings as the models give them (no re-normalising)
+_L2_BASELINES = ("l2", "dual_l2", "skd")
 SIDES = ("view1", "view2")
 
 
@@ -90,6 +90,10 @@ class QueueDistillConfig:
     ensemble_infonce_weight: float = 0.1
     ensemble_temperature: float = 0.3
     ensemble_regression: str = "mae"  # mae (eq. 4) / mse / smooth_l1 / kl (Table 4)
+    # L2 / Dual-L2 / SKD: False (default) compares unit vectors on both sides, as ConGen's section
+    # 3.1 defines every z; True, the earlier behaviour, the student's output as the model gives it
+    # against the unit-length cached teacher rows (the same for a student ending in Normalize).
+    l2_on_raw_output: bool = False
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -194,7 +198,7 @@ def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, t
     if m == "ensemble":
         return losses.ensemble_distillation_loss(z1, teacher[0], cfg.ensemble_infonce_weight, cfg.ensemble_temperature,
                                                  cfg.ensemble_regression)
-    if m in ("l2", "dual_l2", "skd"):
+    if m in _L2_BASELINES:
         loss = losses.mse_loss(z1, teacher[0])
         if m in ("dual_l2", "skd"):
             loss = loss + losses.mse_loss(z2, teacher[0])
@@ -208,14 +212,19 @@ def distill_loss(cfg: QueueDistillConfig, z1: Array, z2: Array, queues: tuple, t
     return loss
 
 
+def embedding_norm(cfg: QueueDistillConfig):
+    """What the loss sees of each embedding: unit length (ConGen section 3.1 and eq. 1, SCT: "all
+    encoder outputs are normalized"), also for models without a Normalize module; as the model
+    gives it for the ensemble's regression (methods/ensemble.py) and, when asked, the L2 baselines."""
+    as_given = cfg.method == "ensemble" or (cfg.method in _L2_BASELINES and cfg.l2_on_raw_output)
+    return (lambda x: x) if as_given else l2_normalize
+
+
 def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Module, optimizer,
                  cfg: QueueDistillConfig, teacher_module: nn.Module | None = None):
     """One optimizer step of the configured method; the queues are updated in the same step."""
     rng = jax.random.fold_in(rng, state.step)
-    # Distributions over the queue use cosine similarity (ConGen eq. 1; SCT: "all encoder outputs
-    # are normalized"), also for models without a Normalize module; the L2 baselines compare the
-    # embeddings as the models give them.
-    norm = (lambda x: x) if cfg.method in _AS_GIVEN else l2_normalize  # noqa: E731
+    norm = embedding_norm(cfg)
     teacher = None
     if cfg.needs_cached_teacher:
         teacher = (norm(batch["teacher_view1"].astype(jnp.float32)),)
