@@ -1,5 +1,7 @@
 """seqio tasks and the input pipeline: determinism, exact resumption, sharding, views, TFDS."""
+import csv
 import itertools
+import json
 import os
 
 import numpy as np
@@ -180,11 +182,48 @@ def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
         next(iter(InputPipeline(names["nli_triples"], batch_size=2, sequence_length=16, seed=0)))
 
 
-def test_mixture_draws_from_both_tasks(tasks):
+def _pair_keys(batch):
+    """Each example's anchor and positive token ids (padding stripped): which task it came from."""
+    return [tuple(a[m == 1]) + (-1,) + tuple(p[n == 1]) for a, m, p, n in zip(
+        batch["anchor_input_ids"], batch["anchor_attention_mask"], batch["positive_input_ids"], batch["positive_attention_mask"])]
+
+
+def test_mixture_draws_from_both_tasks_in_proportion_to_their_rows(tasks, data_dir):
+    """qa_nli_pairs mixes commqa and nli_pairs at rates proportional to their train rows
+    (data/tasks.py: _size_rate). Each of the 64 x 32 = 2048 examples drawn is traced to its task by
+    its token ids (the two tasks' examples are disjoint: checked), and commqa's count is compared
+    with the binomial Binomial(2048, p), p = commqa rows / all rows: seqio mixes by an independent
+    weighted draw per example. Seed 0 gives 497 (the mean is 489.2, sd 19.3); the bound is 4 sd, so
+    the check is deterministic for this seed and would hold for ~99.99% of seeds, while an equal
+    mix (p = 0.5, 1024) or one task only is > 25 sd away."""
+    mixture = seqio.get_mixture_or_task(tasks["qa_nli_pairs"])
+    rates = {t.name: mixture.get_rate(t) for t in mixture.tasks}
+    assert set(rates) == {tasks["commqa"], tasks["nli_pairs"]}
+    # The rates are the rows each task keeps, counted here from the files themselves: commqa keeps
+    # "Good" answers, nli_pairs entailment pairs (5,267 and 16,783 in the shared data).
+    with open(os.path.join(data_dir, "qa", "cqa_qatarliving.jsonl"), encoding="utf-8") as f:
+        good = sum(json.loads(line)["label"] == "Good" for line in f if line.strip())
+    with open(os.path.join(data_dir, "nli", "pairs.tsv"), encoding="utf-8", newline="") as f:
+        entail = sum(r["label"] == "entailment" for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    assert rates == {tasks["commqa"]: float(good), tasks["nli_pairs"]: float(entail)}
+    seen = {}
+    for kind in ("commqa", "nli_pairs"):
+        pipe = InputPipeline(tasks[kind], batch_size=1024, sequence_length=64, seed=0, shuffle=False, num_epochs=1,
+                             drop_remainder=False)
+        seen[kind] = {k for b in pipe for k in _pair_keys(b)}
+    assert not seen["commqa"] & seen["nli_pairs"]
+
     pipe = InputPipeline(tasks["qa_nli_pairs"], batch_size=32, sequence_length=64, seed=0)
-    batches = _take(pipe, 8)
-    _assert_batches_equal(batches, _take(InputPipeline(tasks["qa_nli_pairs"], batch_size=32, sequence_length=64, seed=0), 8))
+    batches = _take(pipe, 64)
+    _assert_batches_equal(batches[:8], _take(InputPipeline(tasks["qa_nli_pairs"], batch_size=32, sequence_length=64, seed=0), 8))
     assert all(b["anchor_input_ids"].shape[0] == 32 for b in batches)
+    keys = [k for b in batches for k in _pair_keys(b)]
+    from_qa = sum(k in seen["commqa"] for k in keys)
+    from_nli = sum(k in seen["nli_pairs"] for k in keys)
+    assert from_qa + from_nli == len(keys) == 2048  # every example is from one of the two tasks
+    p = rates[tasks["commqa"]] / sum(rates.values())
+    mean, sd = len(keys) * p, np.sqrt(len(keys) * p * (1 - p))
+    assert abs(from_qa - mean) <= 4 * sd, (from_qa, mean, sd)
 
 
 def test_tfds_tasks_with_mock_data(minilm_dir):

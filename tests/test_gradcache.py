@@ -5,11 +5,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from sentemb_jax.models import T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.training.step import ContrastiveConfig, initial_params, loss_and_grads
+from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, loss_and_grads, train_step
 
 B, L = 64, 12
 
@@ -50,3 +51,33 @@ def test_chunk_size_must_divide_batch(setup):
     cfg = ContrastiveConfig(chunk_size=7, gradcache=True)
     with pytest.raises(ValueError, match="not divisible by chunk_size=7"):
         loss_and_grads(module, initial_params(tower, cfg), batch, jax.random.PRNGKey(0), cfg)
+
+
+@pytest.mark.parametrize("chunk_size", [8, None])
+def test_gradcache_step_equals_plain_full_batch_step_without_dropout(setup, chunk_size):
+    """Dropout off (dropout_rate 0): a GradCache step (chunks of 8, or the whole batch as one chunk)
+    and the plain step (one forward over the full batch of 64, no chunking, no GradCache) are the
+    same function of the parameters, so their losses, gradients and the parameters after one SGD
+    step agree to float32 round-off (bound 1e-5, as in the chunked test above)."""
+    module, tower, batch = setup
+    module = module.clone(backbone_config=dataclasses.replace(module.backbone_config, dropout_rate=0.0))
+    cfg = ContrastiveConfig(negative="negative", learnable_temperature=True, bidirectional=True)
+    params = initial_params(tower, cfg)
+    optimizer = optax.sgd(0.5)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+    plain = jax.jit(lambda s, rng: train_step(s, batch, rng, module=module, optimizer=optimizer, cfg=cfg))
+    cached_cfg = dataclasses.replace(cfg, chunk_size=chunk_size, gradcache=True)
+    cached = jax.jit(lambda s, rng: train_step(s, batch, rng, module=module, optimizer=optimizer, cfg=cached_cfg))
+    (l1, g1), (l2, g2) = [jax.jit(lambda p, c=c: loss_and_grads(module, p, batch, jax.random.PRNGKey(1), c))(params)
+                          for c in (cfg, cached_cfg)]
+    assert abs(float(l1) - float(l2)) <= 1e-5
+    assert max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), g1, g2))) <= 1e-5
+    assert max(float(jnp.abs(x).max()) for x in jax.tree_util.tree_leaves(g1)) > 1e-2  # non-trivial gradients
+    # Dropout is off: the rng changes nothing (another rng, the same loss).
+    assert float(l1) == float(loss_and_grads(module, params, batch, jax.random.PRNGKey(2), cfg)[0])
+    (s1, m1), (s2, m2) = plain(state, jax.random.PRNGKey(3)), cached(state, jax.random.PRNGKey(4))
+    assert abs(float(m1["loss"]) - float(m2["loss"])) <= 1e-5
+    moved = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), s1.params, params))
+    assert max(moved) > 5e-3  # the step moved the parameters
+    diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), s1.params, s2.params))
+    assert max(diffs) <= 0.5 * 1e-5 + 1e-6  # lr x the gradient bound, plus float32 round-off of the update

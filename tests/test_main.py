@@ -5,13 +5,14 @@ import subprocess
 import sys
 
 import pytest
+from st_reference import cosine_spearman_x100, read_scored_pairs, st_encode
 
 from sentemb_jax import main as runner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_default_job_scores_stsb_dev(tmp_path, data_dir):
+def test_default_job_scores_stsb_dev(tmp_path, data_dir, minilm_dir):
     """The README's `make run` job, in-process: MiniLM on STS-B dev."""
     out = tmp_path / "run"
     rc = runner.main(["--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{data_dir}'",
@@ -19,8 +20,15 @@ def test_default_job_scores_stsb_dev(tmp_path, data_dir):
     assert rc == 0
     result = json.loads((out / "results.json").read_text())
     assert result["pairs"] == 1500 and result["split"] == "dev"
-    # all-MiniLM-L6-v2 on STS-B dev (cosine Spearman x 100), measured: 86.72.
-    assert abs(result["spearman"] - 86.72) <= 0.05, result
+    # The reference, computed outside our stack: sentence-transformers' own embeddings of the same
+    # 1500 dev pairs (csv-read), cosine, scipy's Spearman (x 100): 86.7163. Our embeddings agree
+    # with sentence-transformers' to cosine >= 0.99999 (tests/test_minilm.py), so pair cosines
+    # differ by ~1e-6 and only pairs tied that closely can swap ranks: the two Spearmans agree to
+    # ~1e-3 (x 100). 0.01 bounds that (the old bound against the copied 86.72 was 0.05).
+    s1, s2, gold = read_scored_pairs(os.path.join(data_dir, "stsb", "dev.tsv"))
+    assert len(gold) == 1500
+    reference = cosine_spearman_x100(st_encode(minilm_dir, s1), st_encode(minilm_dir, s2), gold)
+    assert result["spearman"] == pytest.approx(reference, abs=0.01), (result, reference)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -366,3 +367,117 @@ def test_warmup_fraction_schedule():
     assert [float(s(i)) for i in (0, 5, 10, 55, 100)] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
     with pytest.raises(ValueError, match="warmup_fraction=1.5"):
         learning_rate_schedule(total_steps=100, warmup_fraction=1.5)
+
+
+class _BagOfWords(flax.linen.Module):
+    """A student whose embeddings numpy can compute: 3 x the masked mean of a token table (norm ~3, so
+    the step's normalisation matters; no dropout)."""
+
+    vocab: int = 11
+    dim: int = 4
+
+    @flax.linen.compact
+    def __call__(self, ids, mask, deterministic=True):
+        table = self.param("table", flax.linen.initializers.normal(1.0), (self.vocab, self.dim))
+        m = mask[..., None].astype(jnp.float32)
+        return 3.0 * (table[ids] * m).sum(1) / m.sum(1)
+
+
+def _np_embed(table, ids, mask):
+    m = mask[..., None].astype(np.float64)
+    return 3.0 * (table[ids] * m).sum(1) / m.sum(1)
+
+
+def _np_unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _np_enqueue(values, pointer, rows):
+    """FIFO by hand: row i goes to slot (pointer + i) mod K; the pointer moves on by the rows."""
+    out = np.array(values, np.float64)
+    for i, row in enumerate(rows):
+        out[(pointer + i) % len(out)] = row
+    return out, (pointer + len(rows)) % len(out)
+
+
+def _np_kl(target_logits, logits):
+    p = np.exp(_log_softmax(target_logits))
+    return np.mean((p * (np.log(p) - _log_softmax(logits))).sum(axis=1))
+
+
+def _distill_batch(rng, b=4, length=5, vocab=11):
+    batch = {}
+    for side in ("view1", "view2"):
+        batch[f"{side}_input_ids"] = rng.integers(1, vocab, (b, length)).astype(np.int32)
+        batch[f"{side}_attention_mask"] = (np.arange(length)[None] < rng.integers(1, length + 1, (b, 1))).astype(np.int32)
+    return batch
+
+
+@pytest.mark.parametrize("method", ["congen", "sct"])
+def test_one_distill_step_equals_numpy(method):
+    """One `distill_step` of ConGen and of SCT against numpy: the student's embeddings, the
+    normalisation `embedding_norm(cfg)` gives (unit length for both), the FIFO queues after the
+    batch is enqueued (from pointer 4 of 6: slots 4, 5, 0, 1 - a wrap-around), and the loss taken
+    over the updated queues (ConGen eq. 1 and SCT eq. 2: enqueue first, then the distributions)."""
+    import functools
+
+    import optax
+
+    from sentemb_jax.methods.queue_distill import DistillState, Projector, distill_step
+
+    rng = np.random.default_rng(5)
+    batch = _distill_batch(rng)
+    module = _BagOfWords()
+    tower = module.init(jax.random.PRNGKey(0), jnp.asarray(batch["view1_input_ids"]), jnp.asarray(batch["view1_attention_mask"]))["params"]
+    table = np.asarray(tower["table"], np.float64)
+    z1 = _np_embed(table, batch["view1_input_ids"], batch["view1_attention_mask"])
+    z2 = _np_embed(table, batch["view2_input_ids"], batch["view2_attention_mask"])
+    assert np.linalg.norm(z1, axis=1).min() > 1.2  # not unit length: the step must normalise
+    start = [_unit(rng, 6, 4) for _ in range(2 if method == "sct" else 1)]
+    queues = tuple(iq.InstanceQueue(values=jnp.asarray(q), pointer=jnp.asarray(4, jnp.int32)) for q in start)
+    if method == "congen":
+        cfg = QueueDistillConfig(method="congen", teacher="t", queue_size=6, alpha=0.3)
+        teacher_raw = 2.0 * rng.standard_normal((4, 4)).astype(np.float32)
+        batch["teacher_view1"] = teacher_raw
+        params = {"tower": tower}
+    else:
+        cfg = QueueDistillConfig(method="sct", queue_size=6, projector_layers=1, projector_expansion=2)
+        params = {"tower": tower, "projector": Projector(1, 2).init(jax.random.PRNGKey(1), jnp.zeros((1, 4)))["params"]}
+    np.testing.assert_allclose(np.asarray(embedding_norm(cfg)(jnp.asarray([[3.0, 4.0]]))), [[0.6, 0.8]], rtol=1e-6)  # unit length
+    optimizer = optax.sgd(0.1)
+    state = DistillState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), queues=queues,
+                         teacher=None)
+    step = jax.jit(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg))
+    new, metrics = step(state, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(3))
+
+    u1, u2 = _np_unit(z1), _np_unit(z2)
+    if method == "congen":
+        t = _np_unit(teacher_raw.astype(np.float64))
+        q, pointer = _np_enqueue(start[0], 4, t)
+        expected_queues = [(q, pointer)]
+        pt = np.exp(_log_softmax(t @ q.T / 0.05))
+        ce = lambda s: float(np.mean(-(pt * _log_softmax(s @ q.T / 0.07)).sum(axis=1)))  # noqa: E731
+        want = 0.3 * ce(u1) + 0.7 * ce(u2)
+    else:
+        # References: the student's own (unit) outputs, no gradient; they fill D1 / D2.
+        d1, p1 = _np_enqueue(start[0], 4, u1)
+        d2, p2 = _np_enqueue(start[1], 4, u2)
+        expected_queues = [(d1, p1), (d2, p2)]
+        proj = jax.device_get(params["projector"])
+
+        def project(x):
+            h = np.maximum(x @ np.asarray(proj["block0_up"]["kernel"], np.float64) + np.asarray(proj["block0_up"]["bias"]), 0)
+            return _np_unit(h @ np.asarray(proj["block0_down"]["kernel"], np.float64) + np.asarray(proj["block0_down"]["bias"]))
+
+        o1, o2 = project(u1), project(u2)
+        # SCT eq. 2: view 1's online projection against D2 learns view 2's reference over D2, and vice versa.
+        want = 0.5 * _np_kl(u2 @ d2.T / 0.02, o1 @ d2.T / 0.03) + 0.5 * _np_kl(u1 @ d1.T / 0.02, o2 @ d1.T / 0.03)
+    assert float(metrics["loss"]) == pytest.approx(want, rel=1e-5)
+    assert int(new.step) == 1
+    assert len(new.queues) == len(expected_queues)
+    for got, (values, pointer), before in zip(new.queues, expected_queues, start):
+        assert int(got.pointer) == pointer == 2
+        np.testing.assert_allclose(np.asarray(got.values), values, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got.values)[2:4], before[2:4])  # slots 2, 3 not reached: untouched
+    moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(params)))
+    assert moved > 0  # the step updated the student

@@ -169,3 +169,58 @@ def test_sigterm_in_a_phase_checkpoints_and_the_rerun_ends_as_uninterrupted(tmp_
     assert [e["epoch"] for e in whole["cycles"][0]["models"][0]["cross"]["epochs"]] == [1, 2]
     a, b = (CrossEncoder.from_pretrained(str(tmp_path / d / "model_0" / "cross_last")).params for d in ("whole", "cut"))
     assert max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))) <= 1e-6
+
+
+def _same_tree(a, b) -> bool:
+    a, b = jax.device_get(a), jax.device_get(b)
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
+        np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def test_sequential_schedule_passes_backbones_both_ways(tmp_path, data_dir, minilm_dir, monkeypatch):
+    """schedule='sequential', one cycle: the bi -> cross phase starts from the bi-encoder's backbone
+    (under the cross-encoder's own head), not from the cross-encoder's start backbone; the cross ->
+    bi phase starts from the backbone the cross-encoder has just learnt (the bi-encoder's other
+    parameters kept). The cross-encoder starts from another tiny model (seed 1) than the bi-encoder
+    (seed 0), so the two starts differ and each check can tell them apart."""
+    from sentemb_jax.cross_encoder import CrossEncoder
+    from sentemb_jax.encoder import SentenceEncoder
+    from sentemb_jax.jobs import trans_encoder as job
+
+    rows = open(os.path.join(data_dir, "stsb", "train.tsv"), encoding="utf-8").read().splitlines()[:33]
+    pairs_file = tmp_path / "pairs.tsv"
+    pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    bi_path, cross_path = _tiny_bert(tmp_path / "bi", minilm_dir, seed=0), _tiny_bert(tmp_path / "cross", minilm_dir, seed=1)
+    calls = []
+    real_fit_phase = job.fit_phase
+
+    def spy(name, out, init, *args, **kwargs):
+        init = jax.device_get(init)
+        params, info = real_fit_phase(name, out, init, *args, **kwargs)
+        calls.append((name, init, jax.device_get(params)))
+        return params, info
+
+    monkeypatch.setattr(job, "fit_phase", spy)
+    results = trans_encoder_job(
+        model_dir=str(tmp_path / "run"), bi_encoders=[bi_path], cross_encoders=[cross_path], pair_files=[str(pairs_file)],
+        dev=te.EvalSet("stsb_dev_head", os.path.join(data_dir, "stsb", "dev.tsv"), "sts", (0, 50)), cycles=1,
+        schedule="sequential", checkpoint_every=100,
+        bi_to_cross=te.DistillPhase(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32, relabel="minmax"),
+        cross_to_bi=te.DistillPhase(learning_rate=1e-3, batch_size=16, epochs=1, max_length=32, loss="mse"))
+    assert results["schedule"] == "sequential"
+    assert [name for name, _, _ in calls] == ["model 0 cycle 1 bi->cross", "model 0 cycle 1 cross->bi"]
+    bi_start, cross_start = SentenceEncoder.from_pretrained(bi_path).params, CrossEncoder.from_pretrained(
+        cross_path, pooling="first", max_seq_length=32, seed=0).params
+    assert not _same_tree(bi_start["backbone"], cross_start["backbone"])  # two different starts
+    (_, cross_init, cross_trained), (_, bi_init, bi_trained) = calls
+    assert set(cross_init) == {"backbone", "head"}
+    assert _same_tree(cross_init["backbone"], bi_start["backbone"])  # the bi-encoder's backbone ...
+    assert _same_tree(cross_init["head"], cross_start["head"])  # ... under the cross-encoder's own (seed 0) head
+    assert not _same_tree(cross_trained["backbone"], cross_init["backbone"])  # the phase trained it
+    assert _same_tree(bi_init["backbone"], cross_trained["backbone"])  # the cross-encoder's learnt backbone
+    assert _same_tree({k: v for k, v in bi_init.items() if k != "backbone"},
+                      {k: v for k, v in bi_start.items() if k != "backbone"})
+    assert not _same_tree(bi_trained["backbone"], bi_init["backbone"])
+    # What the job saved is what the phases returned.
+    assert _same_tree(CrossEncoder.from_pretrained(str(tmp_path / "run" / "model_0" / "cross_last")).params["backbone"],
+                      cross_trained["backbone"])
