@@ -30,7 +30,6 @@ Weights are read from safetensors; pickle checkpoints only with allow_pickle=Tru
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Sequence
@@ -42,7 +41,15 @@ import numpy as np
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.data.packing import pack_texts
-from sentemb_jax.encoder import _position_limit, _read_dense, _read_json, _read_layout, _within_positions, run_length_sorted
+from sentemb_jax.encoder import (
+    _position_limit,
+    _read_dense,
+    _read_json,
+    _read_layout,
+    _within_positions,
+    _write_json,
+    run_length_sorted,
+)
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -307,8 +314,3 @@ def _remove(out_dir: str, names: list[str]) -> None:
         if os.path.normpath(parent) != os.path.normpath(out_dir) and os.path.isdir(parent) and not os.listdir(parent):
             os.rmdir(parent)
 
-
-def _write_json(path: str, obj, sort_keys: bool = False) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=sort_keys)

@@ -507,10 +507,10 @@ class SentenceEncoder(contract.ModelSettings):
                 f"max_seq_length={self.max_seq_length})")
 
 
-def _write_json(path: str, obj) -> None:
+def _write_json(path: str, obj, sort_keys: bool = False) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
+        json.dump(obj, f, indent=2, sort_keys=sort_keys)
 
 
 def _pooled_width(cfg: ModelConfig, modes: Sequence[str]) -> int:

@@ -88,6 +88,20 @@ def _resolve_prompts(prompts: dict[str, str] | None) -> dict[str, str] | None:
     return valid or None
 
 
+def _wrapped(model, kind: type, wrapper: str, kwargs: dict):
+    """(the model, its path or None): `model` itself, or `kind.from_pretrained(model, **kwargs)` for a
+    path (the loading keywords apply only then)."""
+    path = None
+    if isinstance(model, str):
+        path = model
+        model = kind.from_pretrained(model, **kwargs)
+    elif kwargs:
+        raise TypeError(f"{wrapper}: keyword(s) {sorted(kwargs)} apply only when loading from a path")
+    if not isinstance(model, kind):
+        raise TypeError(f"{wrapper} wraps a {kind.__name__} (or a path to one), got {type(model).__name__}")
+    return model, path
+
+
 class MtebEncoder:
     """A `SentenceEncoder` as MTEB 2's `EncoderProtocol`.
 
@@ -99,14 +113,7 @@ class MtebEncoder:
     def __init__(self, model: SentenceEncoder | str, revision: str | None = None, *, device: str | None = None,
                  name: str | None = None, languages: list[str] | None = None,
                  model_prompts: dict[str, str] | None = None, **kwargs: Any):
-        path = None
-        if isinstance(model, str):
-            path = model
-            model = SentenceEncoder.from_pretrained(model, **kwargs)
-        elif kwargs:
-            raise TypeError(f"MtebEncoder: keyword(s) {sorted(kwargs)} apply only when loading from a path")
-        if not isinstance(model, SentenceEncoder):
-            raise TypeError(f"MtebEncoder wraps a SentenceEncoder (or a path to one), got {type(model).__name__}")
+        model, path = _wrapped(model, SentenceEncoder, "MtebEncoder", kwargs)
         self.model = model
         self.model_prompts = _resolve_prompts(model.prompts if model_prompts is None else model_prompts)
         dim = model.get_sentence_embedding_dimension()
@@ -157,14 +164,7 @@ class MtebCrossEncoder:
     def __init__(self, model: CrossEncoder | str, revision: str | None = None, device: str | None = None, *,
                  name: str | None = None, languages: list[str] | None = None, query_prefix: str = "",
                  passage_prefix: str = "", activation: str = "sigmoid", **kwargs: Any):
-        path = None
-        if isinstance(model, str):
-            path = model
-            model = CrossEncoder.from_pretrained(model, **kwargs)
-        elif kwargs:
-            raise TypeError(f"MtebCrossEncoder: keyword(s) {sorted(kwargs)} apply only when loading from a path")
-        if not isinstance(model, CrossEncoder):
-            raise TypeError(f"MtebCrossEncoder wraps a CrossEncoder (or a path to one), got {type(model).__name__}")
+        model, path = _wrapped(model, CrossEncoder, "MtebCrossEncoder", kwargs)
         self.model = model
         self.query_prefix, self.passage_prefix, self.activation = query_prefix, passage_prefix, activation
         self.mteb_model_meta = ModelMeta.create_empty(overwrites=dict(
