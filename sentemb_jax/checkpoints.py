@@ -110,6 +110,29 @@ def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> M
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
+def hf_config_of(cfg: ModelConfig) -> dict:
+    """The config.json of a backbone that came from no checkpoint (a tower trained from scratch),
+    such that config_from_hf gives `cfg` back (execution settings - dtype, scan, remat - and our
+    dropout placement aside)."""
+    if isinstance(cfg, T5Config):
+        act = "gelu" if cfg.dense_act_fn == "gelu_new" else cfg.dense_act_fn  # HF: gated-gelu means gelu_new
+        return {"model_type": "t5", "architectures": ["T5Model" if cfg.has_decoder else "T5EncoderModel"],
+                "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.d_kv, "d_ff": cfg.d_ff,
+                "num_layers": cfg.num_layers, "num_decoder_layers": cfg.num_decoder_layers, "num_heads": cfg.num_heads,
+                "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
+                "relative_attention_max_distance": cfg.relative_attention_max_distance,
+                "dropout_rate": cfg.dropout_rate, "layer_norm_epsilon": cfg.layer_norm_epsilon,
+                "feed_forward_proj": ("gated-" if cfg.is_gated_act else "") + act,
+                "tie_word_embeddings": cfg.tie_word_embeddings, "scale_decoder_outputs": cfg.scale_decoder_outputs,
+                "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
+                "decoder_start_token_id": cfg.decoder_start_token_id, "is_encoder_decoder": cfg.has_decoder}
+    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+              "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+              "layer_norm_eps", "pad_token_id")
+    return {"model_type": cfg.model_type, "architectures": ["BertModel" if cfg.model_type == "bert" else "RobertaModel"],
+            **{f: getattr(cfg, f) for f in fields}}
+
+
 # ---------------------------------------------------------------------------------------------
 # Name maps: HF tensor name -> (our param path with layers unstacked, transpose?)
 

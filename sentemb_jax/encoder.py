@@ -467,7 +467,8 @@ class SentenceEncoder(contract.ModelSettings):
         and truncate_dim) that `SentenceEncoder.from_pretrained` and sentence-transformers load."""
         os.makedirs(out_dir, exist_ok=True)
         params = jax.device_get(self.params)
-        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
+        checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"],
+                                       self.hf_config or checkpoints.hf_config_of(self.config))  # {}: from scratch
         self.tokenizer.save_pretrained(out_dir)
         _write_json(os.path.join(out_dir, "sentence_bert_config.json"),
                     {"max_seq_length": self.max_seq_length, "do_lower_case": self.tokenizer.lowercase})

@@ -175,3 +175,24 @@ def test_bert_task_heads_ignored_and_prefix_stripped(bert_dir, tmp_path):
     _, params, _ = load_hf_checkpoint(str(d))
     _, ref, _ = load_hf_checkpoint(bert_dir)
     _assert_same_tree(params, ref)
+
+
+@pytest.mark.parametrize("cfg", [
+    "t5_v1_1_encoder", "t5_v1_0_encdec", "bert"])
+def test_config_of_a_tower_from_scratch_reads_back(cfg):
+    """A tower trained from scratch has no config.json to copy: hf_config_of writes one that
+    config_from_hf turns back into the same backbone config (and transformers accepts)."""
+    import transformers
+
+    from sentemb_jax.checkpoints import config_from_hf, hf_config_of
+    from sentemb_jax.models.bert import BertConfig
+    from sentemb_jax.models.t5 import T5Config
+
+    ours = {"t5_v1_1_encoder": T5Config(vocab_size=8192, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16,
+                                        dense_act_fn="gelu_new", is_gated_act=True, tie_word_embeddings=False,
+                                        scale_decoder_outputs=False, has_decoder=False),
+            "t5_v1_0_encdec": T5Config(has_decoder=True), "bert": BertConfig(num_hidden_layers=2)}[cfg]
+    hf = hf_config_of(ours)
+    assert config_from_hf(hf) == ours
+    theirs = transformers.AutoConfig.for_model(**hf)
+    assert theirs.model_type == ours.model_type

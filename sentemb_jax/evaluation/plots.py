@@ -68,3 +68,23 @@ def plot_curve(x: list[float], y: list[float], path: str, title: str, xlabel: st
     ax.set_title(title)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def plot_lines_logx(lines: dict[str, list[tuple[float, float, str]]], path: str, title: str, xlabel: str,
+                    ylabel: str) -> str:
+    """One line per series of (x, y, label) points over a log x axis, each point labelled (a scaling
+    plot: score against parameters or FLOPs, one line per architecture)."""
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for name, points in lines.items():
+        points = sorted(points)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        for x, y, label in points:
+            ax.annotate(label, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -10,7 +10,7 @@ def _fmt(value) -> str:
     return _MISSING if value is None else f"{value:.2f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
@@ -24,7 +24,7 @@ def sts_table(results: dict, model_name: str) -> str:
 def sts_rows_table(rows: dict[str, dict]) -> str:
     """The STS table with one row per model (name -> its `sts` scores)."""
     header = ["Model"] + [TASK_LABELS.get(t, t) for t in STS_TASKS] + ["Avg"]
-    return _table(header, [[name] + [_fmt(sts.get(t)) for t in STS_TASKS] + [_fmt(sts.get("avg"))]
+    return markdown_table(header, [[name] + [_fmt(sts.get(t)) for t in STS_TASKS] + [_fmt(sts.get("avg"))]
                            for name, sts in rows.items()])
 
 
@@ -32,14 +32,14 @@ def pairs_table(results: dict, model_name: str) -> str:
     pairs = results["pairs"]
     cols = [("MRPC", "MRPC test"), ("QNLI", "QNLI dev[1000:]"), ("QNLI_dev", "QNLI dev[:1000]"), ("QQP", "QQP")]
     cols = [(k, label) for k, label in cols if k in pairs or k != "QQP"]
-    return _table(["Model"] + [label for _, label in cols],
+    return markdown_table(["Model"] + [label for _, label in cols],
                   [[model_name] + [_fmt(pairs.get(k, {}).get("auc")) for k, _ in cols]])
 
 
 def transfer_table(results: dict, model_name: str) -> str:
     transfer = results["transfer"]
     tasks = ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC"]
-    return _table(["Model"] + tasks + ["Avg"],
+    return markdown_table(["Model"] + tasks + ["Avg"],
                   [[model_name] + [_fmt(transfer.get(t, {}).get("acc")) for t in tasks] + [_fmt(transfer.get("avg"))]])
 
 
@@ -49,7 +49,7 @@ def sentglue_table(results: dict, model_name: str) -> str:
     row = [_fmt(glue.get(k, {}).get("score")) for k, _ in cols]
     if "MRPC" in glue:
         row[0] += f" (F1 {glue['MRPC']['f1']:.2f})"
-    return _table(["Model"] + [label for _, label in cols] + ["Avg"], [[model_name] + row + [_fmt(glue.get("avg"))]])
+    return markdown_table(["Model"] + [label for _, label in cols] + ["Avg"], [[model_name] + row + [_fmt(glue.get("avg"))]])
 
 
 def results_markdown(results: dict) -> str:
@@ -64,7 +64,7 @@ def results_markdown(results: dict) -> str:
     if "alignment_uniformity" in results:
         au = results["alignment_uniformity"]
         parts += ["## Alignment / uniformity (STS-B test; lower is better)", "",
-                  _table(["Model", "alignment", "uniformity", "positive pairs (gold > 4)"],
+                  markdown_table(["Model", "alignment", "uniformity", "positive pairs (gold > 4)"],
                          [[name, f"{au['alignment']:.4f}", f"{au['uniformity']:.4f}", str(au["positive_pairs"])]]), ""]
     if "pairs" in results:
         parts += ["## Pair classification (ROC AUC x 100 of cosine scores)", "", pairs_table(results, name), ""]
@@ -75,6 +75,6 @@ def results_markdown(results: dict) -> str:
                   sentglue_table(results, name), ""]
     if "reranking" in results:
         rr = results["reranking"]
-        parts += ["## Re-ranking (x 100)", "", _table(["Model", "file", "MAP", "MRR@10", "queries"],
+        parts += ["## Re-ranking (x 100)", "", markdown_table(["Model", "file", "MAP", "MRR@10", "queries"],
                                                       [[name, rr["path"], _fmt(rr["map"]), _fmt(rr["mrr@10"]), str(rr["queries"])]]), ""]
     return "\n".join(parts)

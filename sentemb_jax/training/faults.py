@@ -8,6 +8,8 @@
     SENTEMB_FAULT=in_save:N      SIGKILL inside the write of step N's checkpoint: every byte is
                                  written under orbax's temporary name, the rename that finalises
                                  it has not happened (the moment a half-written checkpoint exists)
+    SENTEMB_FAULT=after_rung:K   SIGKILL of a scaling study right after its K-th rung is finished
+                                 (trained, evaluated, rung.json written) and before the next starts
 
 Unset (always, outside tests) it does nothing. The train loop calls `install()` once and
 `after_step(step, wait)` after each step.
@@ -19,7 +21,7 @@ import os
 import signal
 
 ENV = "SENTEMB_FAULT"
-KINDS = ("after_step", "sigterm_after_step", "in_save")
+KINDS = ("after_step", "sigterm_after_step", "in_save", "after_rung")
 
 
 def planned() -> tuple[str, int] | None:
@@ -69,3 +71,8 @@ def after_step(step: int, wait_for_checkpoint) -> None:
         _die()
     if plan == ("sigterm_after_step", step):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this call returns
+
+
+def after_rung(finished: int) -> None:
+    if planned() == ("after_rung", finished):
+        _die()

@@ -24,6 +24,7 @@ import time
 from typing import Callable
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
@@ -45,6 +46,13 @@ def host_params(tree):
     if jax.process_count() > 1:
         return multihost_utils.process_allgather(tree, tiled=True)
     return jax.device_get(tree)
+
+
+def real_tokens(batch: dict) -> int:
+    """Tokens that are not padding in a source batch: the sum of its `*_attention_mask` arrays,
+    times the process count (each process holds its part of the global batch)."""
+    local = sum(int(np.asarray(v).sum()) for k, v in batch.items() if k.endswith("attention_mask"))
+    return local * jax.process_count()
 
 
 def budget_spent(train_seconds: float, time_budget_s: float | None) -> bool:
@@ -154,6 +162,8 @@ class RunState:
         self.best = resumed.get("best")
         self.train_seconds = float(resumed.get("train_seconds", 0.0))
         self.skipped = int(resumed.get("skipped_batches", 0))
+        # Real (unpadded) tokens of every side of the accepted batches: the N x tokens of 6 N D.
+        self.tokens = int(resumed.get("tokens", 0))
         self.evaluations: list[dict] = list(resumed.get("evaluations", []))
         self.iterator = iter(batches)
         self.metrics: dict = {}
@@ -192,6 +202,7 @@ class RunState:
             self.train_seconds += time.perf_counter() - started
             return False
         self.bad_in_a_row = 0
+        self.tokens += real_tokens(batch)
         self.train_seconds += time.perf_counter() - started
         return True
 
@@ -201,7 +212,8 @@ class RunState:
             out["skipped_batches"] = self.skipped
         rate = self.schedule.log_every * self.batch_size / (time.perf_counter() - self.tick)
         self.tick = time.perf_counter()
-        self.metrics = {"step": self.step, **out, "pairs_per_s": rate, "train_seconds": self.train_seconds}
+        self.metrics = {"step": self.step, **out, "pairs_per_s": rate, "train_seconds": self.train_seconds,
+                        "tokens": self.tokens}
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{out['loss']:.4f}", pairs_s=f"{rate:.0f}")
 
@@ -210,7 +222,7 @@ class RunState:
         loss; a new best is given to the keeper (not the untrained model's score, taken before the
         first step with Schedule.eval_at_start)."""
         step, score, name = self.step, self.evaluator(self.state.params), self.evaluator.metric
-        self.metrics = {**self.metrics, "step": step, "train_seconds": self.train_seconds, name: score}
+        self.metrics = {**self.metrics, "step": step, "train_seconds": self.train_seconds, "tokens": self.tokens, name: score}
         label = f"step {step}: {self.evaluator.label} {score:.2f}"
         if untrained:
             self._write(f"{label} (untrained)")
@@ -236,6 +248,7 @@ class RunState:
             state=ocp.args.StandardSave(self.state),
             data=ocp.args.JsonSave({"input": self.batches.state_dict(), "best": self.best,
                                     "train_seconds": self.train_seconds, "skipped_batches": self.skipped,
+                                    "tokens": self.tokens,
                                     "evaluations": self.evaluations})), force=True)
 
     def stop_if_requested(self, signum: int | None, saved: bool) -> None:
