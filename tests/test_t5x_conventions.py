@@ -1,7 +1,12 @@
 """t5x's job conventions: MODEL_DIR/config.gin (and the same text in TensorBoard), the
-comma-separated --gin_search_paths, and --tfds_data_dir for TFDS-backed seqio tasks."""
+comma-separated --gin_search_paths, --tfds_data_dir for TFDS-backed seqio tasks, and t5x's
+Adafactor in the Sentence-T5 run files."""
 import glob
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 import seqio
 import tensorflow as tf
@@ -95,3 +100,70 @@ def test_bad_t5x_flags_exit_2(args, message, capsys):
     gin.clear_config()
     assert runner.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# t5x's Adafactor (gin/optimizers/adafactor_t5x.gin): parameter scaling and update clipping at 1.0
+
+ST5_FILES = [f"gin/st5_{size}{kind}.gin" for size in ("base", "large", "3b", "11b") for kind in ("", "_encdec")]
+
+
+@pytest.mark.parametrize("path", ST5_FILES)
+def test_st5_files_train_with_t5x_adafactor(path, monkeypatch):
+    from sentemb_jax.training import optimizers
+
+    runner.register_configurables()
+    runner.parse_gin([path], ["MODEL_DIR='/tmp/unused'", "TOKENIZER_DIR='/tmp/unused'"])
+    seen, original = {}, optax.adafactor
+
+    def adafactor(*args, **kwargs):  # what reaches optax when the train job builds its optimizer
+        seen.update(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(optimizers.optax, "adafactor", adafactor)
+    optimizers.run_optimizer(10000)  # the files' num_steps
+    assert seen["multiply_by_parameter_scale"] is True and seen["clipping_threshold"] == 1.0
+    assert seen["decay_rate"] == 0.8 and seen["min_dim_size_to_factor"] == 128 and seen["factored"] is True
+
+
+def test_make_optimizer_clipping_threshold_is_optax_adafactor():
+    from sentemb_jax.training.optimizers import make_optimizer
+
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(130, 4)), jnp.float32), "b": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}
+    grads = [jax.tree_util.tree_map(lambda p, s=s: jnp.asarray(np.random.default_rng(s).normal(size=p.shape) * 10, p.dtype),
+                                    params) for s in range(3)]
+
+    def updates(opt):
+        state, out = opt.init(params), []
+        for g in grads:
+            u, state = opt.update(g, state, params)
+            out.append(u)
+        return out
+
+    direct = dict(min_dim_size_to_factor=128, decay_rate=0.8, multiply_by_parameter_scale=True, factored=True)
+    for clip_norm in (1.0, None):  # with the global-norm clipping of the gradient before it, and without
+        ours = updates(make_optimizer("adafactor", 1e-2, clip_norm=clip_norm, multiply_by_parameter_scale=True,
+                                      clipping_threshold=1.0))
+        want = optax.adafactor(1e-2, clipping_threshold=1.0, **direct)
+        want = updates(optax.chain(optax.clip_by_global_norm(clip_norm), want) if clip_norm else want)
+        for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The threshold is reached in these steps: without it the updates differ.
+    unclipped = updates(optax.adafactor(1e-2, clipping_threshold=None, **direct))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(unclipped), jax.tree_util.tree_leaves(ours)))
+
+
+@pytest.mark.parametrize("value,text", [(0, "0"), (-1, "-1"), ("x", "'x'"), (float("inf"), "1e999")])
+def test_bad_clipping_threshold_names_the_binding(value, text):
+    from sentemb_jax.errors import ConfigError
+    from sentemb_jax.training.optimizers import make_optimizer
+
+    allowed = "must be None (no update clipping) or a finite number > 0"
+    with pytest.raises(ConfigError) as e:
+        make_optimizer(clipping_threshold=value)
+    assert str(e.value).startswith(f"sentemb_jax.make_optimizer(clipping_threshold={value!r}): {allowed}")
+    gin.parse_config(f"sentemb_jax.make_optimizer.clipping_threshold = {text}")
+    with pytest.raises(ConfigError) as e:
+        make_optimizer()
+    assert str(e.value).startswith(f"gin binding sentemb_jax.make_optimizer.clipping_threshold = {value!r}: {allowed}")

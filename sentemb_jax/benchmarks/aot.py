@@ -178,9 +178,10 @@ def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), device
             method.teacher_rows = jax.ShapeDtypeStruct((1, int(teacher_dim)), jnp.float32)
             if cfg.method == "sct_distill":
                 method.teacher_rows2 = method.teacher_rows
-            dim = module.projection_dim or module.backbone_config.d_model
-            if cfg.method not in ("sct", "sct_distill") and int(teacher_dim) != dim:
-                module = _with_projection(SentenceEncoder(module, None, None), int(teacher_dim), 0).module
+            # The student head as train() adds it (QueueDistillConfig.head), from the cached rows' width.
+            student = SentenceEncoder(module, None, None)
+            head = method.student_projection(student.get_sentence_embedding_dimension())
+            module = _with_projection(student, head, 0).module
         info_method = f"distill:{cfg.method}"
     else:
         cfg = gin.get_configurable("sentemb_jax.ContrastiveConfig")()  # what train.contrastive gets

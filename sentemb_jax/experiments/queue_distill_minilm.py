@@ -55,6 +55,8 @@ RUNS = {
     # lr 1e-3: the better of the two 10-minute changes on STS-B dev (83.81 vs 83.53; tau_S 0.05: 82.92).
     "congen_30min_lr1e-3": ("gin/runs/congen_cpu.gin", [THIRTY_MINUTES, "--gin.NUM_STEPS=1050",
                                                         *peak_lr(1e-3)]),
+    # ConGen section 4.1's student head (Linear + tanh) also when the widths agree (issue 32 item 2).
+    "congen_10min_head_always": ("gin/runs/congen_cpu.gin", [f"{QDC}.head='always'"]),
     "congen": ("gin/runs/congen_cpu.gin", EQUAL_STEPS),
     "l2": (BASELINES, ["--gin.BASELINE='l2'", *EQUAL_STEPS]),
     "dual_l2": (BASELINES, ["--gin.BASELINE='dual_l2'", *EQUAL_STEPS]),

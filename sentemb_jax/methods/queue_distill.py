@@ -59,6 +59,7 @@ _TEACHER_QUEUE = ("congen", "ckd")  # one queue of the teacher's view1 embedding
 _SCT = ("sct", "sct_distill")
 _L2_BASELINES = ("l2", "dual_l2", "skd")
 SIDES = ("view1", "view2")
+HEADS = ("always", "when_widths_differ", "never")
 
 
 @gin.configurable(module="sentemb_jax")
@@ -94,6 +95,10 @@ class QueueDistillConfig:
     # 3.1 defines every z; True, the earlier behaviour, the student's output as the model gives it
     # against the unit-length cached teacher rows (the same for a student ending in Normalize).
     l2_on_raw_output: bool = False
+    # ConGen's student head, Linear + tanh to the teacher's width (every method but SCT, whose student
+    # has its projector h instead): 'always' as ConGen's section 4.1 (square when the widths agree),
+    # 'when_widths_differ' (only to match the teacher's width), 'never' (the widths must agree).
+    head: str = "when_widths_differ"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -122,6 +127,7 @@ class QueueDistillConfig:
         v.require_int(self.projector_expansion, sel, "projector_expansion", 1)
         v.require_int(self.teacher_batch_size, sel, "teacher_batch_size", 1)
         v.require_int(self.shard_queue_min_entries, sel, "shard_queue_min_entries", 1)
+        v.require_choice(self.head, HEADS, sel, "head")
         if self.teacher_weights is not None:
             weights = self.teacher_weights
             teachers = (self.teacher,) if isinstance(self.teacher, str) else tuple(self.teacher or ())
@@ -143,6 +149,19 @@ class QueueDistillConfig:
     @property
     def queue_count(self) -> int:
         return 2 if self.method in _SCT else (1 if self.method in _TEACHER_QUEUE else 0)
+
+    def student_head(self, width: int, teacher_width: int) -> int | None:
+        """The width of the Linear + tanh head the student of `width` gets (None: no head) before it
+        is compared with a teacher of `teacher_width` (`head`; SCT never: its projector is its head)."""
+        if self.method in _SCT:
+            return None
+        if self.head == "never":
+            if width != teacher_width:
+                v.fail(self.head, "sentemb_jax.QueueDistillConfig", "head",
+                       f"the student embeds in {width} dimensions and the teacher in {teacher_width}: it needs a head "
+                       "to the teacher's width ('always' or 'when_widths_differ')")
+            return None
+        return teacher_width if self.head == "always" or width != teacher_width else None
 
     def make_method(self, sequence_length: int, seed: int = 0) -> QueueDistillMethod:
         """The train loop's method for this config (train(distill=...) calls it: the loop imports no method)."""
@@ -343,6 +362,8 @@ class QueueDistillMethod:
                                  f"student ({student.get_sentence_embedding_dimension()}-d) must embed in one space")
             if cfg.method == "sct_distill" and self.teacher.tokenizer.hf.get_vocab() != student.tokenizer.hf.get_vocab():
                 raise ValueError("sct_distill runs the teacher on the student's token ids: they need one vocabulary")
+        if self.teacher is not None:  # head='never' with other widths fails here, before the teacher embeds the data
+            self.student_projection(student.get_sentence_embedding_dimension())
         if cfg.needs_cached_teacher or cfg.queue_init == "data":
             if self.teacher is None:
                 raise ValueError(f"QueueDistillConfig.method {cfg.method!r}: no teacher (the ensemble_distill job gives "
@@ -368,11 +389,16 @@ class QueueDistillMethod:
         return self.cfg.method == "sct_distill" and self.teacher_rows2 is None
 
     def student_projection(self, width: int) -> int | None:
-        """ConGen's student projection (Linear + tanh to the teacher's width) when the widths differ."""
-        if self.teacher is None or self.cfg.method in _SCT:
+        """The width of ConGen's student head (Linear + tanh) for a student of `width`, None for none
+        (`QueueDistillConfig.head`). The teacher's width: the loaded teacher's, else that of its cached
+        rows (the AOT compile sets only their shape)."""
+        if self.teacher is not None:
+            target = self.teacher.get_sentence_embedding_dimension()
+        elif self.teacher_rows is not None:
+            target = self.teacher_rows.shape[1]
+        else:
             return None
-        target = self.teacher.get_sentence_embedding_dimension()
-        return target if target != width else None
+        return self.cfg.student_head(width, target)
 
     def model_batch(self, batch: dict) -> dict:
         out = side_features(batch, self.sides)

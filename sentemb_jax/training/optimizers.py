@@ -68,10 +68,16 @@ def learning_rate_schedule(peak: float = 1e-3, warmup_steps: int = 0, total_step
 @gin.configurable(module="sentemb_jax")
 def make_optimizer(name: str = "adafactor", learning_rate: optax.ScalarOrSchedule = 1e-3, clip_norm: float | None = 1.0,
                    weight_decay: float = 0.0, adafactor_decay_rate: float = 0.8, min_dim_size_to_factor: int = 128,
-                   multiply_by_parameter_scale: bool = False) -> optax.GradientTransformation:
-    """Adafactor with t5x defaults (factored second moments, decay rate 0.8) or AdamW.
+                   multiply_by_parameter_scale: bool = False,
+                   clipping_threshold: float | None = None) -> optax.GradientTransformation:
+    """Adafactor (factored second moments, decay rate 0.8) or AdamW.
 
-    Global-norm clipping (`clip_norm`) runs first; None disables it.
+    The Adafactor defaults here are not t5x's: multiply_by_parameter_scale False (steps of lr,
+    not lr x the parameter's RMS) and clipping_threshold None (no update clipping), kept so that the
+    configs that do not bind them train as before. t5x's Adafactor (Sentence-T5) has True and 1.0:
+    gin/optimizers/adafactor_t5x.gin, included by gin/st5_*.gin.
+    Global-norm clipping of the gradient (`clip_norm`) runs first; None disables it.
+    clipping_threshold: Adafactor's update clipping (its update's RMS capped at this), > 0 or None.
     learning_rate: a finite number >= 0 (0 freezes the parameters: a stage that only restores), or a
       schedule (`@sentemb_jax.learning_rate_schedule()`).
     Each value is checked (ConfigError naming its gin binding or argument and the allowed range).
@@ -85,10 +91,12 @@ def make_optimizer(name: str = "adafactor", learning_rate: optax.ScalarOrSchedul
     v.require_number(weight_decay, sel, "weight_decay", 0)
     v.require_number(adafactor_decay_rate, sel, "adafactor_decay_rate", 0, 1, low_open=True)
     v.require_int(min_dim_size_to_factor, sel, "min_dim_size_to_factor", 1)
+    v.require_number(clipping_threshold, sel, "clipping_threshold", 0, low_open=True, allow_none=True,
+                     none_means=" (no update clipping)")
     if name == "adafactor":
         opt = optax.adafactor(
             learning_rate, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=adafactor_decay_rate,
-            multiply_by_parameter_scale=multiply_by_parameter_scale, clipping_threshold=None,
+            multiply_by_parameter_scale=multiply_by_parameter_scale, clipping_threshold=clipping_threshold,
             weight_decay_rate=weight_decay or None, factored=True,
         )
     elif name == "adamw":

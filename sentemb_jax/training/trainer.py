@@ -298,9 +298,14 @@ def _write_architecture(model_dir, encoder, init_from, pooling, config_overrides
 
 
 def _with_projection(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceEncoder:
-    """`encoder` with a new Linear + tanh projection to `dim` (ConGen's student head); unchanged for None."""
-    if not dim:
+    """`encoder` with a new Linear + tanh projection to `dim` (ConGen's student head); unchanged for
+    None, or when it already ends in that head (a student that ConGen trained before)."""
+    m = encoder.module
+    if not dim or (m.projection_dim == dim and m.projection_bias and m.projection_activation == "tanh"):
         return encoder
+    if m.projection_dim:  # the tower has one projection slot: the new head takes the place of this one
+        log.warning("the student's own projection (%d-d, activation %s) is replaced by a new Linear + tanh head to %d",
+                    m.projection_dim, m.projection_activation, dim)
     module = encoder.module.clone(projection_dim=dim, projection_bias=True, projection_activation="tanh")
     if encoder.params is None:  # random init: the whole tower is initialised by the train loop
         return SentenceEncoder(module, None, encoder.tokenizer, encoder.hf_config)
