@@ -198,8 +198,8 @@ def test_rung_list_errors_name_the_rung(rungs, message):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed (pip install -e '.[test]')")
 def test_tpu_ladder_parses_builds_and_compiles(monkeypatch):
     """gin/scaling_st5.gin: every rung (Base to 11B, both architectures) builds its train step
-    abstractly on the ladder's slice (v5e-32) with its own mesh; the smallest and the largest are
-    compiled there by the TPU compiler and fit HBM."""
+    abstractly on the ladder's slice (v5e-32) with its own mesh; the Base rung is compiled there by
+    the TPU compiler and fits HBM."""
     import gin
     from sentemb_jax.benchmarks import scaling_check
     from sentemb_jax.jobs.scaling import parse_rungs
@@ -207,7 +207,15 @@ def test_tpu_ladder_parses_builds_and_compiles(monkeypatch):
     monkeypatch.chdir(REPO)
     runner.register_configurables()
     runner.parse_gin(["gin/scaling_st5.gin"], ["MODEL_DIR = '/tmp/unused'", "TOKENIZER_DIR = '/tmp/unused'"])
-    rungs = [r.spec() for r in parse_rungs(gin.query_parameter("sentemb_jax.scaling_study.rungs"))]
+    def resolved(value):  # macros (%T5_BASE) as scaling_study receives them
+        if isinstance(value, gin.config.ConfigurableReference):
+            return value.scoped_configurable_fn()
+        if isinstance(value, dict):
+            return {k: resolved(v) for k, v in value.items()}
+        return [resolved(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+    rungs = [r.spec() for r in parse_rungs(resolved(gin.query_parameter("sentemb_jax.scaling_study.rungs")))]
+    assert all(r["init_from"] is None for r in rungs)  # T5_BASE ... left None: from random init
     recipe = gin.query_parameter("sentemb_jax.scaling_study.recipe")
     topology = gin.query_parameter("sentemb_jax.scaling_study.compiler_topology")
     assert topology == "v5e:4x8" and len(rungs) == 8
@@ -219,10 +227,11 @@ def test_tpu_ladder_parses_builds_and_compiles(monkeypatch):
     assert params["st5_11b_encdec"] == pytest.approx(11.3e9, rel=0.05)
     assert {r["architecture"] for r in built} == {"encoder-mean", "encoder-decoder first token"}
     assert all(r["batch"] == 512 and r["length"] == 128 and r["num_steps"] == 10000 for r in built)
-    compiled = scaling_check.describe_rungs({"rungs": [rungs[0], rungs[-1]], "recipe": recipe, "bindings": [],
-                                             "topology": topology})
-    for row in compiled:
-        assert "error" not in row, row
-        c = row["compiled"]
-        assert c["devices"] == 32 and c["per_chip_gib"] < 16 and c["step_flops"] > row["padded_step_flops_6nd"] * 0.5
-    assert compiled[1]["compiled"]["mesh"] == {"data": 1, "fsdp": 4, "model": 8}
+    # One TPU compile (the Base rung, on the ladder's v5e-32): the path the job takes before training.
+    # The 11B encoder-decoder rung compiled there too when run by hand (fsdp 4 x model 8); minutes on 2 cores.
+    (row,) = scaling_check.describe_rungs({"rungs": [rungs[0]], "recipe": recipe, "bindings": [], "topology": topology})
+    assert "error" not in row, row
+    c = row["compiled"]
+    assert c["devices"] == 32 and 0 < c["per_chip_gib"] < 16 and c["mesh"] == {"data": 8, "fsdp": 4, "model": 1}
+    # The compiler's FLOPs per step against 6 x N x padded tokens: within 2x (remat recomputes the forward).
+    assert row["padded_step_flops_6nd"] <= c["step_flops"] < 2 * row["padded_step_flops_6nd"]

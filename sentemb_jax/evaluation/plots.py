@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 
 def _save(fig: Figure, path: str) -> str:
@@ -82,6 +83,7 @@ def plot_lines_logx(lines: dict[str, list[tuple[float, float, str]]], path: str,
         for x, y, label in points:
             ax.annotate(label, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # labels on decades only: minor labels overlap
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
