@@ -202,6 +202,8 @@ def run_rung(rung: Rung, described: dict, model_dir: str, recipe: list[str], com
         with open(done) as f:
             row = json.load(f)
         log.info("rung %s: finished earlier (%s), reused", rung.name, done)
+        if "compiled" in described:  # this check compiled it (e.g. a topology added on a rerun): its figure
+            row.update(compiled=described["compiled"], train_flops_compiler=described["compiled"]["step_flops"] * row["steps"])
         return row
     kept = os.path.join(rung_dir, "model")
     own = [f"MODEL_DIR = {rung_dir!r}", f"sentemb_jax.train.export_dir = {kept!r}"]
