@@ -94,6 +94,8 @@ NO_TOWER = {
     "eval_": "evaluation jobs load a finished model directory (MODEL_PATH); the MiniLM load is tested in tests/test_minilm.py",
     "export_savedmodel": "exports a finished model directory (tests/test_export.py)",
     "st5_commqa_then_nli": "run_stages: its stages' towers are gin-built and counted by test_run_file_parses_and_builds",
+    "scaling": "scaling_study: each rung's tower is built by the ladder's own check before training "
+               "(tests/test_scaling_study.py: the CPU ladder's rungs and all eight of gin/scaling_st5.gin)",
 }
 
 
