@@ -72,6 +72,11 @@ def parse_args(argv: list[str]) -> tuple[list[str], list[str], list[str], str | 
     return args.gin_file, bindings, search, args.tfds_data_dir
 
 
+def gin_file_exists(path: str, search_paths=()) -> bool:
+    """Whether a --gin_file resolves: as given, under the working directory, the repository or a search path."""
+    return any(os.path.isfile(os.path.join(p, path)) for p in ["", os.getcwd(), os.path.dirname(REPO_GIN_DIR), *search_paths])
+
+
 def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
     # Each invocation is one job: start from an empty, unlocked config so main() can be called
     # again in the same process (tests, notebooks) without "Attempted to modify locked Gin config".
@@ -79,7 +84,7 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
     for path in [os.getcwd(), os.path.dirname(REPO_GIN_DIR), REPO_GIN_DIR, *search_paths]:
         gin.add_config_file_search_path(path)
     for f in files:
-        if not any(os.path.isfile(os.path.join(p, f)) for p in ["", os.getcwd(), os.path.dirname(REPO_GIN_DIR), *search_paths]):
+        if not gin_file_exists(f, search_paths):
             raise UsageError(f"--gin_file={f}: no such file")
     try:
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)

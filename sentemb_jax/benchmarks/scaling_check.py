@@ -14,14 +14,13 @@ SPEC: {"rungs": [{"name", "gin_files", "bindings", "init_from"}], "recipe": [...
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import jax
 
 from sentemb_jax import validation
 from sentemb_jax.benchmarks import aot, tpu_compile
-from sentemb_jax.main import REPO_GIN_DIR
+from sentemb_jax.main import gin_file_exists
 
 GIB = 2**30
 
@@ -68,7 +67,7 @@ def describe_rungs(spec: dict) -> list[dict]:
     so one check names every bad rung)."""
     out = []
     for rung in spec["rungs"]:
-        missing = [f for f in rung["gin_files"] + spec["recipe"] if not _gin_file_exists(f)]
+        missing = [f for f in rung["gin_files"] + spec["recipe"] if not gin_file_exists(f)]
         if missing:
             out.append({"name": rung["name"], "error": f"{missing[0]}: no such gin file"})
             continue
@@ -79,10 +78,6 @@ def describe_rungs(spec: dict) -> list[dict]:
             message = str(e).split("\n  In call to configurable")[0].strip() or type(e).__name__
             out.append({"name": rung["name"], "error": f"does not build: {message}"})
     return out
-
-
-def _gin_file_exists(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(root, path)) for root in ("", os.getcwd(), os.path.dirname(REPO_GIN_DIR)))
 
 
 def main(argv: list[str]) -> int:

@@ -241,7 +241,10 @@ def _train_process(rung: Rung, files: list[str], bindings: list[str], rung_dir: 
     log.debug("rung %s: %s", rung.name, " ".join(cmd))
     os.makedirs(rung_dir, exist_ok=True)
     wall_file = os.path.join(rung_dir, "wall.json")
-    before = json.load(open(wall_file))["wall_s"] if os.path.isfile(wall_file) else 0.0
+    before = 0.0
+    if os.path.isfile(wall_file):
+        with open(wall_file) as f:
+            before = json.load(f)["wall_s"]
     started = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     forward = {s: signal.signal(s, lambda signum, _f: child.send_signal(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
