@@ -60,6 +60,7 @@ _SCT = ("sct", "sct_distill")
 _L2_BASELINES = ("l2", "dual_l2", "skd")
 SIDES = ("view1", "view2")
 HEADS = ("always", "when_widths_differ", "never")
+REFERENCE_PASSES = ("separate", "online", "separate_no_dropout")
 
 
 @gin.configurable(module="sentemb_jax")
@@ -81,9 +82,11 @@ class QueueDistillConfig:
     online_temperature: float = 0.03  # SCT tau_theta
     projector_layers: int = 3  # SCT: blocks of Linear(u -> u*w) ReLU Linear(u*w -> u)
     projector_expansion: int = 10
-    # SCT's reference = the student's own weights under stop-gradient: True takes the online
-    # forward's outputs (dropout on, no extra pass); False a separate pass with dropout off.
-    reference_dropout: bool = True
+    # SCT's reference f_ref = the student's own weights under stop-gradient. 'separate' (SCT section
+    # 3.1, "the views are again encoded by f_ref", as the authors' code): a second, no-gradient pass
+    # with its own dropout mask; 'online': the online pass's outputs (same mask, no extra pass; the
+    # earlier default); 'separate_no_dropout': a second pass with dropout off.
+    reference_pass: str = "separate"
     shard_queue_min_entries: int = instance_queue.SHARD_MIN_ENTRIES
     cache_dir: str | None = None  # teacher embeddings (default ~/.cache/sentemb_jax/teacher_embeddings)
     teacher_batch_size: int = 128
@@ -128,6 +131,7 @@ class QueueDistillConfig:
         v.require_int(self.teacher_batch_size, sel, "teacher_batch_size", 1)
         v.require_int(self.shard_queue_min_entries, sel, "shard_queue_min_entries", 1)
         v.require_choice(self.head, HEADS, sel, "head")
+        v.require_choice(self.reference_pass, REFERENCE_PASSES, sel, "reference_pass")
         if self.teacher_weights is not None:
             weights = self.teacher_weights
             teachers = (self.teacher,) if isinstance(self.teacher, str) else tuple(self.teacher or ())
@@ -254,6 +258,13 @@ def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Mod
             view2 = teacher_module.apply({"params": state.teacher}, batch["view2_input_ids"], batch["view2_attention_mask"])
         teacher = (teacher[0], jax.lax.stop_gradient(norm(view2.astype(jnp.float32))))
     projector = Projector(cfg.projector_layers, cfg.projector_expansion)
+    separate_reference = None
+    if cfg.method in _SCT and cfg.reference_pass != "online":
+        # f_ref's own pass: no gradient, and (unless switched off) its own dropout mask, drawn from
+        # an rng no online side uses (those take fold_in(rng, 0 / 1)).
+        no_dropout = cfg.reference_pass == "separate_no_dropout"
+        separate_reference = jax.lax.stop_gradient(_embed(module, state.params["tower"], batch, jax.random.fold_in(rng, 2**20),
+                                                          cfg.sides, deterministic=no_dropout))
 
     def loss_fn(params):
         embedded = [norm(e) for e in _embed(module, params["tower"], batch, rng, cfg.sides)]
@@ -263,7 +274,7 @@ def distill_step(state: DistillState, batch: dict, rng: Array, *, module: nn.Mod
             queues = (instance_queue.enqueue(queues[0], teacher[0]),)
         if cfg.method in _SCT:
             # References: the student's own encoder outputs (identical weights), no gradient.
-            reference = (e1, e2) if cfg.reference_dropout else _embed(module, params["tower"], batch, rng, deterministic=True)
+            reference = (e1, e2) if separate_reference is None else separate_reference
             reference = tuple(jax.lax.stop_gradient(norm(r)) for r in reference)
             source = teacher if cfg.method == "sct_distill" else reference
             queues = (instance_queue.enqueue(queues[0], source[0]), instance_queue.enqueue(queues[1], source[1]))
