@@ -80,6 +80,11 @@ RUNS = {
     "congen_10min_lr1e-3": ("gin/runs/congen_cpu.gin", peak_lr(1e-3)),
     "sct": ("gin/runs/sct_cpu.gin", [*TABLE1_LR, *EQUAL_STEPS]),
     "sct_lr1e-4": ("gin/runs/sct_cpu.gin", [*peak_lr(1e-4), *EQUAL_STEPS]),
+    # SCT's reference pass (issue 32 item 1), 10 minutes each: the default 'separate' pass (f_ref's
+    # own no-gradient pass and dropout mask) and the earlier 'online' reuse of the online outputs.
+    "sct_10min": ("gin/runs/sct_cpu.gin", []),
+    "sct_10min_ref_online": ("gin/runs/sct_cpu.gin", [f"{QDC}.reference_pass='online'"]),
+    "sct_distill_10min_ref_separate": ("gin/runs/sct_distill_cpu.gin", []),
     "simcse_unsup": ("gin/runs/simcse_unsup_student_cpu.gin", EQUAL_STEPS),
     # SimCSE at SimCSE's BERT-base lr 3e-5: a 100-step run at 3e-5 peaked at STS-B dev 74.52 (1e-4: 72.75).
     "simcse_unsup_lr3e-5": ("gin/runs/simcse_unsup_student_cpu.gin", [*EQUAL_STEPS, *peak_lr(3e-5)]),
