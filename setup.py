@@ -27,6 +27,11 @@ INSTALL_REQUIRES = [
     "protobuf==7.36.2",
 ]
 
+# ONNX export, ONNX Runtime and OpenVINO behind encode (sentemb_jax.onnx_export): jax2onnx 0.13.0 is
+# the newest release whose orbax-checkpoint pin admits ours; all four resolve with every pin here.
+# (sentence-transformers' own ONNX backend needs optimum, which would replace transformers 5.)
+ONNX_REQUIRES = ["jax2onnx==0.13.0", "onnx==1.23.2", "onnxruntime==1.32.0", "openvino==2026.4.0"]
+
 TEST_REQUIRES = [
     # torch first and exactly this version: it is the CPU wheel already on the machine.
     "torch==2.13.0",
@@ -47,7 +52,7 @@ TEST_REQUIRES = [
     # tests/test_mteb2.py: MTEB 2's evaluator on our encoder (sentemb_jax.evaluation.mteb_adapter);
     # resolves with every pin above (adds datasets, pandas, polars, pytrec-eval-terrier, nothing re-pinned).
     "mteb==2.26.24",
-]
+] + ONNX_REQUIRES
 
 setup(
     name="sentemb_jax",
@@ -58,5 +63,5 @@ setup(
     python_requires=">=3.10,<3.13",
     install_requires=INSTALL_REQUIRES,
     # Accelerators (not installed here): the TPU / CUDA builds of this jax (tpu/README.md).
-    extras_require={"test": TEST_REQUIRES, "tpu": ["jax[tpu]==0.10.2"], "cuda": ["jax[cuda12]==0.10.2"]},
+    extras_require={"test": TEST_REQUIRES, "onnx": ONNX_REQUIRES, "tpu": ["jax[tpu]==0.10.2"], "cuda": ["jax[cuda12]==0.10.2"]},
 )

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoints import CheckpointError
+from sentemb_jax.inference import run_length_sorted, run_packed
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
@@ -149,26 +150,6 @@ def _read_dense(mdir: str, in_features: int, allow_pickle: bool) -> tuple[dict, 
     return params, out_features, use_bias, _ST_ACTIVATIONS[act_name]
 
 
-def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_tail: tuple = (),
-                      show_progress: bool = False, desc: str = "batches") -> np.ndarray:
-    """float32 [len(lengths), *out_tail]: `run_batch(indices, rows)` over batches of items sorted by
-    length (each batch pads little), results put back in the input order.
-
-    Full batches keep one shape (`rows` = batch_size); fewer items than a batch are padded to a
-    power of two only. Every batch is dispatched before any is fetched: host work overlaps device work.
-    """
-    n = len(lengths)
-    order = np.argsort([-x for x in lengths], kind="stable")
-    rows = batch_size if n >= batch_size else 1 << (n - 1).bit_length()
-    pending = [(chunk, run_batch(chunk, rows)) for chunk in (
-        order[start : start + batch_size]
-        for start in tqdm(range(0, n, batch_size), desc=desc, disable=not show_progress, unit="batch"))]
-    out = np.empty((n, *out_tail), np.float32)
-    for chunk, result in pending:
-        out[chunk] = np.asarray(result)[: len(chunk)]
-    return out
-
-
 def _restore_state(manager, step: int):
     """A checkpoint's train state onto this host's first device, whatever topology wrote it."""
     meta = manager.item_metadata(step)["state"]
@@ -221,6 +202,10 @@ class SentenceEncoder(contract.ModelSettings):
         self.hf_config = hf_config or {}
         self._init_settings(**settings)
         self._embed = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
+        self._embed_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, packing=a["packing"]))
+        # encode's batching: False, length-sorted batches padded to a bucket; True, texts packed end
+        # to end in rows (sentemb_jax.inference): the same embeddings (<= 1e-5), fewer token slots.
+        self.packed = False
         self._tokens = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden))
 
     # ------------------------------------------------------------------ loading
@@ -416,13 +401,33 @@ class SentenceEncoder(contract.ModelSettings):
         dim = self.get_sentence_embedding_dimension()
         if not texts:
             return np.zeros((0, dim), np.float32)
-        ids = self.tokenizer.tokenize(texts)
+        return self._embed_token_lists(self.tokenizer.tokenize(texts), batch_size, show)
+
+    def _embed_token_lists(self, ids: list[list[int]], batch_size: int, show: bool = False) -> np.ndarray:
+        dim = self.get_sentence_embedding_dimension()
+        if self.packed and all(ids):
+            return run_packed(ids, batch_size, lambda arrays: self._embed_packed(self.params, arrays), (dim,),
+                              self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
 
         def embed(chunk, rows):
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
             return self._embed(self.params, batch["input_ids"], batch["attention_mask"])
 
         return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
+
+    def warm_up(self, batch_size: int = 64, max_length: int | None = None) -> int:
+        """Compile encode's shapes before the first call (JAX compiles each new shape on first use):
+        full batches of `batch_size` at every bucket up to `max_length` (default: the model's), in the
+        current batching (`packed` or padded). Returns how many lengths were warmed. Afterwards an
+        encode call with that batch size runs at steady-state speed from its first batch (packed:
+        except texts longer than 128 tokens of a bucket other than their batch's longest)."""
+        longest = min(max_length or self.tokenizer.max_length, self.tokenizer.max_length)
+        lengths = [b for b in self.tokenizer.buckets if b <= longest]
+        if not lengths or lengths[-1] < longest:
+            lengths.append(longest)
+        for n in lengths:
+            self._embed_token_lists([[self.tokenizer.pad_id] * n] * batch_size, batch_size)
+        return len(lengths)
 
     def _token_embeddings(self, texts: list[str], batch_size: int, show: bool) -> list[np.ndarray]:
         """float32 [tokens_i, hidden] per text: the backbone's last hidden state over the text's tokens."""

@@ -1,12 +1,20 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
-    python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64]
+    python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx]
 
-Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2. Each implementation lives
-in its own worker process (so torch's OpenMP spin-waiting and XLA's thread pool never compete),
-both are warmed up, then this script alternates them round by round - only one runs at a time -
-and prints sentences/s of each (median over rounds). The last line is
-`ratio_vs_sentence_transformers=<ours / theirs>`.
+Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
+and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
+bfloat16 (ours: `from_pretrained(dtype="bfloat16")`, XLA; theirs: `model.bfloat16()`); --onnx adds
+ours exported to ONNX (sentemb_jax.onnx_export) run by ONNX Runtime (float32; int8 dynamic
+quantisation) and by OpenVINO (float32; bfloat16 precision hint). Every row has its STS-B test
+Spearman beside it. Each implementation lives in its own worker process (so torch's OpenMP
+spin-waiting and XLA's thread pool never compete). Each worker first times its first call from
+cold (ours: compiles included) and ours then `warm_up()` (every bucket shape); then this script
+alternates the workers round by round - one runs at a time - and prints sentences/s of each
+(median over rounds). The first line names the CPU and its extensions; the last line is
+`ratio_vs_sentence_transformers=<ours / theirs>`, float32 against float32: ours the fastest of our
+float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our export); the
+line before it gives the JAX paths alone.
 """
 from __future__ import annotations
 
@@ -14,14 +22,19 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import tempfile
 import time
 
+import numpy as np
+import scipy.stats
 import torch
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
+from sentemb_jax.benchmarks.machine import cpu_description
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.onnx_export import export_onnx, onnx_encoder, openvino_encoder
 
 
 def _load_sentences(data_dir: str | None) -> list[str]:
@@ -29,32 +42,61 @@ def _load_sentences(data_dir: str | None) -> list[str]:
     return s1 + s2
 
 
-def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, conn) -> None:
-    if kind == "sentence_transformers":
+def _stsb_test(model) -> float:
+    """STS-B test Spearman x 100 of the model's cosine similarities (the quality beside the speed)."""
+    s1, s2, gold = read_sts_pairs(os.path.join(default_data_dir(), "stsb", "test.tsv"))
+    a = model.encode(s1, normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+    b = model.encode(s2, normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+    return 100 * scipy.stats.spearmanr((a * b).sum(axis=1), gold).statistic
+
+
+def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, onnx_paths: dict, conn) -> None:
+    warm, extra = 0.0, {}
+    if kind.startswith("sentence_transformers"):
         torch.set_num_threads(threads)
         model = SentenceTransformer(model_dir, device="cpu")
+        if kind.endswith("bf16"):
+            model = model.bfloat16()
+    elif kind.startswith("sentemb_jax_onnx"):
+        model = onnx_encoder(SentenceEncoder.from_pretrained(model_dir), onnx_paths[kind], threads)
+    elif kind.startswith("sentemb_jax_openvino"):
+        model = openvino_encoder(SentenceEncoder.from_pretrained(model_dir), onnx_paths["sentemb_jax_onnx"],
+                                 "bf16" if kind.endswith("bf16") else "f32")
+        extra["runtime_precision"] = model.runtime_precision
     else:
-        model = SentenceEncoder.from_pretrained(model_dir)
+        model = SentenceEncoder.from_pretrained(model_dir, dtype="bfloat16" if kind.endswith("bf16") else None)
+        model.packed = kind.endswith("packed")
     run = lambda: model.encode(sentences, batch_size=batch_size, show_progress_bar=False)  # noqa: E731
-    run()  # warm-up: compiles every bucket shape / fills allocator caches
-    conn.send("ready")
+    start = time.perf_counter()
+    run()  # the first call from cold: compiles the shapes these sentences need / fills allocator caches
+    first = time.perf_counter() - start
+    if kind in ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16"):
+        start = time.perf_counter()
+        model.warm_up(batch_size)  # every bucket shape (what a server does at load)
+        warm = time.perf_counter() - start
+    conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": _stsb_test(model), **extra}))
     while conn.recv() == "run":
         start = time.perf_counter()
         run()
         conn.send(time.perf_counter() - start)
 
 
-def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1) -> dict[str, float]:
-    """Start one process per (target, args) entry, then alternate them `rounds` times; median rates."""
+def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1,
+                     startup: dict | None = None) -> dict[str, float]:
+    """Start one process per (target, args) entry (each sends ("ready", {startup figures}) when
+    warm; they go to `startup`), then alternate them `rounds` times; median rates."""
     ctx = mp.get_context("spawn")
     conns, procs = {}, []
+    startup = {} if startup is None else startup
     for name, (target, args) in workers.items():
         parent, child = ctx.Pipe()
         p = ctx.Process(target=target, args=(*args, child), daemon=True)
         p.start()
         conns[name], procs = parent, procs + [p]
-        if parent.recv() != "ready":
+        ready = parent.recv()
+        if not (isinstance(ready, tuple) and ready[0] == "ready"):
             raise RuntimeError(f"{name} worker failed to start")
+        startup[name] = ready[1]
     rates: dict[str, list[float]] = {n: [] for n in workers}
     try:
         for r in range(rounds):
@@ -74,23 +116,43 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--bf16", action="store_true", help="also ours and sentence-transformers in bfloat16")
+    parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime, float32 and int8")
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
 
+    print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     sentences = _load_sentences(args.data_dir)
     threads = os.cpu_count()  # XLA's CPU client uses every core; give torch the same
-    common = (model_dir, sentences, args.batch_size, threads)
-    med = run_side_by_side(
-        {"sentemb_jax": (_worker, ("sentemb_jax", *common)),
-         "sentence_transformers": (_worker, ("sentence_transformers", *common))},
-        args.rounds, count=len(sentences),
-    )
+    kinds = ["sentemb_jax", "sentemb_jax_packed", "sentence_transformers"]
+    kinds += ["sentemb_jax_bf16", "sentence_transformers_bf16"] if args.bf16 else []
+    onnx_paths = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.onnx:
+            start = time.perf_counter()
+            onnx_paths["sentemb_jax_onnx_int8"] = export_onnx(SentenceEncoder.from_pretrained(model_dir), tmp, quantize="int8")
+            onnx_paths["sentemb_jax_onnx"] = os.path.join(tmp, "model.onnx")
+            print(f"ONNX export + int8 quantisation: {time.perf_counter() - start:.0f} s", flush=True)
+            kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_int8", "sentemb_jax_openvino", "sentemb_jax_openvino_bf16"]
+        common = (model_dir, sentences, args.batch_size, threads, onnx_paths)
+        startup: dict = {}
+        med = run_side_by_side({k: (_worker, (k, *common)) for k in kinds}, args.rounds, count=len(sentences), startup=startup)
     print(f"model={model_dir} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
     for n, v in med.items():
-        print(f"{n}: {v:.1f} sentences/s (median)")
-    print(f"ratio_vs_sentence_transformers={med['sentemb_jax'] / med['sentence_transformers']:.2f}")
+        s = startup[n]
+        warm = f", warm_up() {s['warm_up_s']:.1f} s" if s["warm_up_s"] else ""
+        warm += f", OpenVINO ran {s['runtime_precision']}" if "runtime_precision" in s else ""
+        print(f"{n}: {v:.1f} sentences/s (median); first call from cold {s['first_call_s']:.2f} s{warm}; "
+              f"STS-B test {s['stsb_test']:.2f}")
+    for n in med:
+        if n != "sentence_transformers":
+            print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
+    jax_f32 = max(med["sentemb_jax"], med["sentemb_jax_packed"])
+    ours_f32 = max(v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_jax_openvino"))
+    print(f"ratio_jax_vs_sentence_transformers={jax_f32 / med['sentence_transformers']:.2f}")
+    print(f"ratio_vs_sentence_transformers={ours_f32 / med['sentence_transformers']:.2f}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ import numpy as np
 import seqio
 
 from sentemb_jax import hub
+from sentemb_jax.benchmarks.machine import cpu_description
 from sentemb_jax.data import prepare as prep
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import file_spec, register_tasks
@@ -45,19 +45,6 @@ RAW_SHARDS = 8
 BASE_ROWS = 1_000_000
 WORDS = np.array("what how why when where which does can is the a of to in for on with my your this that it be "
                  "question answer visa car house food price good best way work job school doctor phone bank".split())
-
-
-def cpu_description() -> str:
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        flags = next(line for line in info.splitlines() if line.startswith("flags"))
-        isa = [x for x in ("avx512f", "avx512_bf16", "amx_tile", "avx2") if f" {x}" in flags]
-    except (OSError, StopIteration):
-        isa = []
-    return f"{model} ({', '.join(isa) or 'ISA unknown'}), {os.cpu_count()} cores"
 
 
 def write_raw(directory: str, rows: int, shards: int, seed: int = 0) -> list[str]:

@@ -16,13 +16,13 @@ import os
 import time
 
 import jax
-import numpy as np
 import optax
 import torch
 from sentence_transformers import SentenceTransformer, losses
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
+from sentemb_jax.benchmarks.machine import cpu_description, numpy_matmul_gflops
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.hub import packaged_minilm_path
@@ -78,21 +78,13 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
             for b in batches:
                 state, metrics = step(state, features(b), rng)
             return float(metrics["loss"])
-    run()  # warm-up
-    conn.send("ready")
+    start = time.perf_counter()
+    run()  # warm-up: the first round from cold (ours: compiles)
+    conn.send(("ready", {"first_call_s": time.perf_counter() - start}))
     while conn.recv() == "run":
         start = time.perf_counter()
         run()
         conn.send(time.perf_counter() - start)
-
-
-def _matmul_peak_gflops() -> float:
-    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
-    a @ a
-    start, n = time.perf_counter(), 10
-    for _ in range(n):
-        a @ a
-    return 2 * 2048**3 * n / (time.perf_counter() - start) / 1e9
 
 
 def main(argv=None):
@@ -104,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
     args = parser.parse_args(argv)
 
+    print(f"machine: {cpu_description()}", flush=True)
     model_dir = packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)
     tok = Tokenizer.from_pretrained(model_dir, max_length=64)
@@ -112,17 +105,18 @@ def main(argv=None):
     flops_per_pair = 6 * non_embedding_params * real_tokens_per_pair
     threads = os.cpu_count()
     common = (model_dir, pairs, args.batch_size, args.steps, threads)
-    peak = _matmul_peak_gflops()
+    peak = numpy_matmul_gflops()
     workers = {"sentemb_jax": (_worker, ("sentemb_jax", *common, True)),
                "sentence_transformers": (_worker, ("sentence_transformers", *common, False))}
     if args.with_unpacked:
         workers["sentemb_jax_unpacked"] = (_worker, ("sentemb_jax", *common, False))
-    med = run_side_by_side(workers,
-                           args.rounds, label="pairs/s", count=len(pairs))
+    startup: dict = {}
+    med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup)
     print(f"batch_size={args.batch_size} steps/round={args.steps} threads={threads} real tokens/pair={real_tokens_per_pair:.1f}")
     print(f"float32 matmul peak (numpy, 2048^2, this run): {peak:.0f} GFLOP/s")
     for n, v in med.items():
-        print(f"{n}: {v:.1f} pairs/s (median), MFU {v * flops_per_pair / 1e9 / peak * 100:.1f}%")
+        print(f"{n}: {v:.1f} pairs/s (median), MFU {v * flops_per_pair / 1e9 / peak * 100:.1f}%; "
+              f"first round from cold {startup[n]['first_call_s']:.1f} s")
     print(f"ratio_vs_sentence_transformers={med['sentemb_jax'] / med['sentence_transformers']:.2f}")
 
 

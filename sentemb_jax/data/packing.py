@@ -48,39 +48,55 @@ def pack_texts(ids: Sequence[np.ndarray], masks: Sequence[np.ndarray], row_lengt
     extras: other per-token matrices laid out like `ids` (e.g. BERT's token types), packed into
     `packed_<name>` alongside the ids (0 on padding).
     """
-    extras = extras or {}
     lengths = np.concatenate([np.asarray(m).sum(axis=1) for m in masks]).astype(np.int64)
     def texts_of(mats):
         return [np.asarray(x)[i, : int(np.asarray(m)[i].sum())] for x, m in zip(mats, masks) for i in range(len(x))]
 
-    rows_of_texts = texts_of(ids)
-    extra_texts = {name: texts_of(mats) for name, mats in extras.items()}
-    slot = np.maximum(lengths, 1)
-    bins = first_fit_decreasing(slot, row_length)
+    bins = first_fit_decreasing(np.maximum(lengths, 1), row_length)
     n_rows = -(-len(bins) // row_multiple) * row_multiple
     width = max(int(np.asarray(x).shape[1]) for x in ids)
-    packed_ids = np.full((n_rows, row_length), pad_id, np.int32)
-    segments = np.zeros((n_rows, row_length), np.int32)
-    positions = np.zeros((n_rows, row_length), np.int32)
-    token_index = np.zeros((len(lengths), width), np.int32)
-    token_mask = np.zeros((len(lengths), width), np.int32)
-    packed_extras = {name: np.zeros((n_rows, row_length), np.int32) for name in extras}
-    for r, members in enumerate(bins):
+    arrays = fill_rows(texts_of(ids), bins, row_length, n_rows, len(lengths), width, pad_id,
+                       {name: texts_of(mats) for name, mats in (extras or {}).items()}, slot_by_item=True)
+    packing = arrays.pop("packing")
+    return {"packed_input_ids": arrays.pop("input_ids"), **{f"packed_{k}": v for k, v in packing.items()},
+            **{f"packed_{name}": x for name, x in arrays.items()}}
+
+
+def fill_rows(tokens: Sequence[Sequence[int]], rows_of_items: Sequence[Sequence[int]], row_length: int, rows: int,
+              text_slots: int, width: int, pad_id: int, extras: dict[str, Sequence[Sequence[int]]] | None = None,
+              slot_by_item: bool = False) -> dict:
+    """The packed arrays of items laid out as `rows_of_items` (row r holds those items, in order):
+    `input_ids` (and each extra, e.g. token_type_ids) [rows, row_length], and `packing` =
+    segment_ids / positions [rows, row_length], token_index / token_mask [text_slots, width].
+    An item's text slot is its index (slot_by_item) or its place in row order; an empty item keeps
+    a one-token (padding) segment. Unused slots point at token 0 with a one-token mask (a finite
+    result to drop)."""
+    extras = extras or {}
+    ids = np.full((rows, row_length), pad_id, np.int32)
+    more = {name: np.zeros((rows, row_length), np.int32) for name in extras}
+    segments = np.zeros((rows, row_length), np.int32)
+    positions = np.zeros((rows, row_length), np.int32)
+    token_index = np.zeros((text_slots, width), np.int32)
+    token_mask = np.zeros((text_slots, width), np.int32)
+    token_mask[:, 0] = 1
+    k = 0
+    for r, members in enumerate(rows_of_items):
         start = 0
-        for s, t in enumerate(members, start=1):
-            n = int(lengths[t])
-            packed_ids[r, start : start + n] = rows_of_texts[t]
-            for name, texts in extra_texts.items():
-                packed_extras[name][r, start : start + n] = texts[t]
+        for s, item in enumerate(members, start=1):
+            n, slot = len(tokens[item]), (item if slot_by_item else k)
+            ids[r, start : start + n] = tokens[item]
+            for name, values in extras.items():
+                more[name][r, start : start + n] = values[item]
             segments[r, start : start + max(n, 1)] = s
             positions[r, start : start + n] = np.arange(n)
-            token_index[t, :n] = r * row_length + start + np.arange(n)
-            token_index[t, n:] = r * row_length + start  # padding slots point at the text's first token (masked)
-            token_mask[t, :n] = 1
+            token_index[slot, :n] = r * row_length + start + np.arange(n)
+            token_index[slot, n:] = r * row_length + start  # padding slots point at the text's first token (masked)
+            token_mask[slot] = 0
+            token_mask[slot, :n] = 1
             start += max(n, 1)
-    return {"packed_input_ids": packed_ids, "packed_segment_ids": segments, "packed_positions": positions,
-            "packed_token_index": token_index, "packed_token_mask": token_mask,
-            **{f"packed_{name}": x for name, x in packed_extras.items()}}
+            k += 1
+    packing = {"segment_ids": segments, "positions": positions, "token_index": token_index, "token_mask": token_mask}
+    return {"input_ids": ids, **more, "packing": packing}
 
 
 def packing_inputs(batch: dict) -> dict:

@@ -57,7 +57,8 @@ def position_ids_for(cfg: BertConfig, input_ids: Array, positions: Array | None 
         # RoBERTa: positions count non-padding tokens and start at padding_idx + 1.
         mask = (input_ids != cfg.pad_token_id).astype(jnp.int32)
         return jnp.cumsum(mask, axis=1) * mask + cfg.pad_token_id
-    return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32)[None], input_ids.shape)
+    # iota, not arange()[None]: the same ids, and it traces with a symbolic length (ONNX export).
+    return jax.lax.broadcasted_iota(jnp.int32, input_ids.shape, 1)
 
 
 class BertEmbeddings(nn.Module):

@@ -1,0 +1,47 @@
+"""What machine a benchmark ran on: CPU model, vector / matrix extensions, cores, and matmul peaks
+measured in the run (so that numbers from different machines of the pool can be compared)."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import numpy as np
+
+# Extensions that decide CPU inference speed: AVX2 / AVX-512 (float32 FMA), VNNI (int8 dot
+# products), AVX512-BF16 (bfloat16 dot products), AMX (bfloat16 / int8 matrix tiles).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next(line for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def cpu_description() -> str:
+    """'<model> (<extensions>), <n> cores' - the first line a benchmark prints."""
+    flags = cpu_flags()
+    isa = [x for x in ISA_FLAGS if x in flags]
+    return f"{cpu_model()} ({', '.join(isa) or 'ISA unknown'}), {os.cpu_count()} cores"
+
+
+def numpy_matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
+    """float32 n x n matmul rate of numpy (its BLAS) on this machine, now."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9

@@ -1,0 +1,104 @@
+"""Packed inference (sentemb_jax.inference): encode / CrossEncoder.predict with texts laid end to
+end in rows give the padded path's results (max |diff| <= 1e-5), on the shipped MiniLM, tiny T5
+encoders (mean and encoder-decoder first token) and cross-encoders with token types."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hf_models import make_t5
+
+from sentemb_jax import SentenceEncoder
+from sentemb_jax.cross_encoder import CrossEncoder
+from sentemb_jax.data.packing import fill_rows
+from sentemb_jax.inference import pack_blocks
+
+LONG = " ".join(f"word{i} tokens and more" for i in range(60))  # > 128 MiniLM tokens: rows grow to its bucket
+
+
+def _texts(stsb_test, n=150):
+    s1, s2, _ = stsb_test
+    return [LONG, ""] + s1[:n] + s2[: n // 2] + ["a", "A man is playing a guitar."]
+
+
+def test_pack_blocks_places_every_item_once_within_capacity():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 41, 500).tolist() + [64, 64, 1]
+    for rows, text_slots in [(6, 40), (6, 9)]:
+        blocks = pack_blocks(lengths, row_length=64, rows=rows, text_slots=text_slots)
+        placed = [i for b in blocks for row in b for i in row]
+        assert sorted(placed) == list(range(len(lengths)))
+        for block in blocks:
+            assert 1 <= len(block) <= rows and sum(len(r) for r in block) <= text_slots
+            assert all(sum(lengths[i] for i in row) <= 64 for row in block)
+        if text_slots == 40:  # token-bound: the fixed-shape blocks' slots within 5% of the tokens (last block aside)
+            tokens = sum(lengths[i] for b in blocks[:-1] for r in b for i in r)
+            assert len(blocks[:-1]) * rows * 64 <= 1.05 * tokens
+    with pytest.raises(ValueError, match="item 1 has 65 tokens"):
+        pack_blocks([3, 65], row_length=64, rows=2, text_slots=4)
+
+
+def test_fill_rows_layout():
+    tokens = [[5, 6, 7], [8], [9, 10]]
+    arrays = fill_rows(tokens, [[0, 1], [2]], row_length=4, rows=3, text_slots=4, width=4, pad_id=0,
+                          extras={"token_type_ids": [[0, 1, 1], [1], [0, 0]]})
+    np.testing.assert_array_equal(arrays["input_ids"], [[5, 6, 7, 8], [9, 10, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(arrays["token_type_ids"], [[0, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]])
+    p = arrays["packing"]
+    np.testing.assert_array_equal(p["segment_ids"], [[1, 1, 1, 2], [1, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(p["positions"], [[0, 1, 2, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(p["token_index"], [[0, 1, 2, 0], [3, 3, 3, 3], [4, 5, 4, 4], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(p["token_mask"], [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("batch_size", [8, 64])
+def test_minilm_encode_packed_equals_padded(minilm_dir, stsb_test, batch_size):
+    model = SentenceEncoder.from_pretrained(minilm_dir)
+    texts = _texts(stsb_test)
+    assert len(model.tokenizer.tokenize([LONG])[0]) > 128
+    padded = model.encode(texts, batch_size=batch_size)
+    model.packed = True
+    packed = model.encode(texts, batch_size=batch_size)
+    assert np.abs(packed - padded).max() <= 1e-5
+    few = model.encode(texts[:5], batch_size=batch_size)  # fewer texts than a batch: a smaller block
+    assert np.abs(few - padded[:5]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("pooling", ["mean", "encdec_first"])
+def test_t5_encode_packed_equals_padded(tmp_path, stsb_test, pooling):
+    make_t5(str(tmp_path / "t5"), "1.1")
+    model = SentenceEncoder.from_pretrained(str(tmp_path / "t5"), pooling=pooling, max_seq_length=160)
+    texts = _texts(stsb_test, 60)
+    padded = model.encode(texts, batch_size=16)
+    model.packed = True
+    assert np.abs(model.encode(texts, batch_size=16) - padded).max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", ["minilm_first", "minilm_mean", "t5_mean"])
+def test_cross_encoder_predict_packed_equals_padded(minilm_dir, tmp_path, stsb_test, kind):
+    if kind.startswith("minilm"):
+        model = CrossEncoder.from_pretrained(minilm_dir, pooling=kind.split("_")[1], seed=1)
+    else:
+        make_t5(str(tmp_path / "t5"), "1.1")
+        model = CrossEncoder.from_pretrained(str(tmp_path / "t5"), pooling="mean", max_seq_length=160)
+    s1, s2, _ = stsb_test
+    pairs = [(LONG, "short"), ("", "empty first")] + list(zip(s1[:80], s2[:80]))
+    padded = model.predict(pairs, batch_size=16, activation="none")
+    model.packed = True
+    packed = model.predict(pairs, batch_size=16, activation="none")
+    assert np.abs(packed - padded).max() <= 1e-5
+    assert np.std(padded) > 1e-3  # the scores differ between pairs: the comparison is not of constants
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_warm_up_compiles_the_shapes_encode_then_uses(minilm_dir, stsb_test, packed):
+    """After warm_up(batch_size) an encode call of that batch size compiles nothing new."""
+    model = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40)
+    model.packed = packed
+    jitted = model._embed_packed if packed else model._embed
+    assert model.warm_up(batch_size=8) == len([b for b in model.tokenizer.buckets if b <= 40])
+    compiled = jitted._cache_size()
+    assert compiled >= 8
+    s1, s2, _ = stsb_test
+    texts = s1[:120] + s2[:40] + [LONG]  # LONG is cut to 40 tokens
+    model.encode(texts, batch_size=8)
+    assert jitted._cache_size() == compiled
