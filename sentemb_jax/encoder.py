@@ -420,7 +420,7 @@ class SentenceEncoder(contract.ModelSettings):
         full batches of `batch_size` at every bucket up to `max_length` (default: the model's), in the
         current batching (`packed` or padded). Returns how many lengths were warmed. Afterwards an
         encode call with that batch size runs at steady-state speed from its first batch (packed:
-        except texts longer than 128 tokens of a bucket other than their batch's longest)."""
+        except texts longer than inference.PACK_ROW_LENGTH (64) tokens in a bucket other than their block's longest)."""
         longest = min(max_length or self.tokenizer.max_length, self.tokenizer.max_length)
         lengths = [b for b in self.tokenizer.buckets if b <= longest]
         if not lengths or lengths[-1] < longest:

@@ -25,6 +25,7 @@ the package imports this module.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 
 import jax
@@ -44,6 +45,10 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
     model_qint8.onnx; returns the path of the model to run."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"export_onnx: quantize {quantize!r}: choose from {QUANTIZATIONS}")
+    # jax2onnx logs a traceback for each optional plugin it cannot load (dm_pix, ...) and onnx_ir a
+    # warning per untyped shape constant: neither concerns this graph (tests/test_onnx_export.py checks its outputs).
+    for name in ("jax2onnx", "onnx_ir"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "model.onnx")
     params, module = encoder.params, encoder.module

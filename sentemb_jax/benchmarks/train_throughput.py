@@ -18,7 +18,8 @@ import time
 import jax
 import optax
 import torch
-from sentence_transformers import SentenceTransformer, losses
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.sentence_transformer import losses
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
