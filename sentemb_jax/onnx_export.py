@@ -19,6 +19,10 @@ sentence-transformers' `export_dynamic_quantized_onnx_model` does for its ONNX b
 inference precision: AMX / AVX512-BF16 where the CPU has them; where it has neither, OpenVINO
 runs float32 and `runtime_precision` says so (not an error).
 
+Serve OpenVINO in a process of its own: with its CPU plugin loaded and run in our test process, a
+later test that sent the process SIGINT died of a segmentation fault (tests/test_onnx_export.py
+now runs OpenVINO in a child process).
+
 Needs the `onnx` extra (`pip install -e '.[onnx]'`; the test extra includes it); nothing else in
 the package imports this module.
 """
