@@ -72,16 +72,12 @@ def onnx_encoder(encoder: SentenceEncoder, onnx_path: str, threads: int | None =
     length-sorted batching and the whole `encode` contract (normalize_embeddings, precision,
     prompts, truncate_dim) are the encoder's own. threads: ONNX Runtime's intra-op threads
     (default: its own choice, every core)."""
-    if not os.path.isfile(onnx_path):
-        raise FileNotFoundError(f"{onnx_path}: no such ONNX model")
+    _require_file(onnx_path)
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
-    clone = copy.copy(encoder)
-    clone.packed = False  # the exported graph takes padded batches
-    clone._embed = lambda _params, ids, mask: session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-    return clone
+    return _with_forward(encoder, lambda inputs: session.run(None, inputs)[0])
 
 
 OPENVINO_PRECISIONS = ("f32", "bf16")
@@ -93,11 +89,22 @@ def openvino_encoder(encoder: SentenceEncoder, onnx_path: str, precision: str = 
     them). `.runtime_precision` on the copy: the precision OpenVINO chose on this machine."""
     if precision not in OPENVINO_PRECISIONS:
         raise ValueError(f"openvino_encoder: precision {precision!r}: choose from {OPENVINO_PRECISIONS}")
+    _require_file(onnx_path)
+    compiled = openvino.Core().compile_model(onnx_path, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+    clone = _with_forward(encoder, lambda inputs: compiled(inputs)[0])
+    clone.runtime_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32" / "bf16"
+    return clone
+
+
+def _require_file(onnx_path: str) -> None:
     if not os.path.isfile(onnx_path):
         raise FileNotFoundError(f"{onnx_path}: no such ONNX model")
-    compiled = openvino.Core().compile_model(onnx_path, "CPU", {"INFERENCE_PRECISION_HINT": precision})
+
+
+def _with_forward(encoder: SentenceEncoder, forward) -> SentenceEncoder:
+    """A copy of `encoder` whose padded-batch forward is `forward({"input_ids", "attention_mask"})`
+    (the exported graph's inputs): everything else in `encode` stays the encoder's own."""
     clone = copy.copy(encoder)
-    clone.packed = False
-    clone.runtime_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32" / "bf16"
-    clone._embed = lambda _params, ids, mask: compiled({"input_ids": ids, "attention_mask": mask})[0]
+    clone.packed = False  # the exported graph takes padded batches
+    clone._embed = lambda _params, ids, mask: forward({"input_ids": ids, "attention_mask": mask})
     return clone

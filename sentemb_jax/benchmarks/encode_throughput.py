@@ -25,14 +25,13 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
-import scipy.stats
 import torch
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import cpu_description
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 from sentemb_jax.onnx_export import export_onnx, onnx_encoder, openvino_encoder
 
@@ -44,10 +43,7 @@ def _load_sentences(data_dir: str | None) -> list[str]:
 
 def _stsb_test(model) -> float:
     """STS-B test Spearman x 100 of the model's cosine similarities (the quality beside the speed)."""
-    s1, s2, gold = read_sts_pairs(os.path.join(default_data_dir(), "stsb", "test.tsv"))
-    a = model.encode(s1, normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
-    b = model.encode(s2, normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
-    return 100 * scipy.stats.spearmanr((a * b).sum(axis=1), gold).statistic
+    return StsbEvaluator(default_data_dir(), "test")(model)["spearman"]
 
 
 def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, onnx_paths: dict, conn) -> None:

@@ -13,21 +13,21 @@ import numpy as np
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
-def cpu_flags() -> set[str]:
+def _cpuinfo_field(name: str) -> str | None:
+    """The first `name : value` line of /proc/cpuinfo (None off Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
-            line = next(line for line in f if line.startswith("flags"))
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith(name))
     except (OSError, StopIteration):
-        return set()
-    return set(line.split(":", 1)[1].split())
+        return None
+
+
+def cpu_flags() -> set[str]:
+    return set((_cpuinfo_field("flags") or "").split())
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+    return _cpuinfo_field("model name") or platform.processor() or "unknown CPU"
 
 
 def cpu_description() -> str:
