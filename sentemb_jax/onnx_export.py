@@ -12,6 +12,10 @@
 The graph is our Flax module traced by jax2onnx (batch and length dynamic: `input_ids`,
 `attention_mask` int32 [batch, length] -> `sentence_embedding` float32 [batch, dim], the model's
 output with its Normalize module if it has one); tokenisation stays in Python (our tokenizer).
+`export_onnx(..., packed=True)` traces the packed forward instead (`model_packed.onnx`: texts end
+to end in rows, `sentemb_jax.inference`; inputs `input_ids`, `segment_ids`, `positions` [rows,
+row_length] and `token_index`, `token_mask` [texts, width], all dynamic): the runtimes then get
+packed blocks (fewer token slots, as `SentenceEncoder.packed`) and give the same embeddings.
 `quantize="int8"` adds ONNX Runtime's dynamic quantisation (int8 weights, activations quantised
 per batch at run time: the VNNI / AMX-INT8 instructions where the CPU has them), as
 sentence-transformers' `export_dynamic_quantized_onnx_model` does for its ONNX backend.
@@ -44,9 +48,12 @@ from sentemb_jax.encoder import SentenceEncoder
 QUANTIZATIONS = (None, "int8")
 
 
-def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = None) -> str:
-    """Write `out_dir`/model.onnx (+ model.onnx.data, the weights) and, with quantize='int8',
-    model_qint8.onnx; returns the path of the model to run."""
+PACKING_INPUTS = ("segment_ids", "positions", "token_index", "token_mask")
+
+
+def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = None, packed: bool = False) -> str:
+    """Write `out_dir`/model.onnx (packed: model_packed.onnx; + .data, the weights) and, with
+    quantize='int8', its `_qint8` form; returns the path of the model to run."""
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"export_onnx: quantize {quantize!r}: choose from {QUANTIZATIONS}")
     # jax2onnx logs a traceback for each optional plugin it cannot load (dm_pix, ...) and onnx_ir a
@@ -54,15 +61,24 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
     for name in ("jax2onnx", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "model.onnx")
+    name = "model_packed" if packed else "model"
+    path = os.path.join(out_dir, f"{name}.onnx")
     params, module = encoder.params, encoder.module
-    dynamic = jax.ShapeDtypeStruct(("batch", "length"), jnp.int32)
-    to_onnx(lambda ids, mask: module.apply({"params": params}, ids, mask), [dynamic, dynamic], model_name="sentence_encoder",
-            return_mode="file", output_path=path, input_names=["input_ids", "attention_mask"],
+    if packed:
+        rows, texts = (jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (("rows", "row_length"), ("texts", "width")))
+        forward = lambda ids, segment_ids, positions, token_index, token_mask: module.apply(  # noqa: E731
+            {"params": params}, ids, None, packing={"segment_ids": segment_ids, "positions": positions,
+                                                    "token_index": token_index, "token_mask": token_mask})
+        inputs, names = [rows, rows, rows, texts, texts], ["input_ids", *PACKING_INPUTS]
+    else:
+        dynamic = jax.ShapeDtypeStruct(("batch", "length"), jnp.int32)
+        forward = lambda ids, mask: module.apply({"params": params}, ids, mask)  # noqa: E731
+        inputs, names = [dynamic, dynamic], ["input_ids", "attention_mask"]
+    to_onnx(forward, inputs, model_name="sentence_encoder", return_mode="file", output_path=path, input_names=names,
             output_names=["sentence_embedding"])
     if quantize is None:
         return path
-    quantized = os.path.join(out_dir, "model_qint8.onnx")
+    quantized = os.path.join(out_dir, f"{name}_qint8.onnx")
     ortq.quantize_dynamic(path, quantized, weight_type=ortq.QuantType.QInt8)
     return quantized
 
@@ -77,7 +93,8 @@ def onnx_encoder(encoder: SentenceEncoder, onnx_path: str, threads: int | None =
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
-    return _with_forward(encoder, lambda inputs: session.run(None, inputs)[0])
+    names = {i.name for i in session.get_inputs()}
+    return _with_forward(encoder, lambda inputs: session.run(None, inputs)[0], names)
 
 
 OPENVINO_PRECISIONS = ("f32", "bf16")
@@ -91,7 +108,8 @@ def openvino_encoder(encoder: SentenceEncoder, onnx_path: str, precision: str = 
         raise ValueError(f"openvino_encoder: precision {precision!r}: choose from {OPENVINO_PRECISIONS}")
     _require_file(onnx_path)
     compiled = openvino.Core().compile_model(onnx_path, "CPU", {"INFERENCE_PRECISION_HINT": precision})
-    clone = _with_forward(encoder, lambda inputs: compiled(inputs)[0])
+    names = {port.get_any_name() for port in compiled.inputs}
+    clone = _with_forward(encoder, lambda inputs: compiled(inputs)[0], names)
     clone.runtime_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32" / "bf16"
     return clone
 
@@ -101,10 +119,14 @@ def _require_file(onnx_path: str) -> None:
         raise FileNotFoundError(f"{onnx_path}: no such ONNX model")
 
 
-def _with_forward(encoder: SentenceEncoder, forward) -> SentenceEncoder:
-    """A copy of `encoder` whose padded-batch forward is `forward({"input_ids", "attention_mask"})`
-    (the exported graph's inputs): everything else in `encode` stays the encoder's own."""
+def _with_forward(encoder: SentenceEncoder, forward, input_names: set[str]) -> SentenceEncoder:
+    """A copy of `encoder` whose forward is `forward(inputs)`, inputs named as the exported graph's:
+    padded batches (`input_ids`, `attention_mask`) or, for a packed graph, packed blocks (`input_ids`
+    + PACKING_INPUTS). Everything else in `encode` stays the encoder's own."""
     clone = copy.copy(encoder)
-    clone.packed = False  # the exported graph takes padded batches
-    clone._embed = lambda _params, ids, mask: forward({"input_ids": ids, "attention_mask": mask})
+    clone.packed = "segment_ids" in input_names
+    if clone.packed:
+        clone._embed_packed = lambda _params, arrays: forward({"input_ids": arrays["input_ids"], **arrays["packing"]})
+    else:
+        clone._embed = lambda _params, ids, mask: forward({"input_ids": ids, "attention_mask": mask})
     return clone

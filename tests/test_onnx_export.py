@@ -1,5 +1,5 @@
-"""ONNX export (sentemb_jax.onnx_export): the shipped all-MiniLM-L6-v2 exported by jax2onnx and run
-by ONNX Runtime or OpenVINO gives our embeddings (float32, <= 1e-5); int8 dynamic quantisation (ONNX
+"""ONNX export (sentemb_jax.onnx_export): the shipped all-MiniLM-L6-v2 exported by jax2onnx (padded
+batches, and packed blocks) and run by ONNX Runtime or OpenVINO gives our embeddings (float32, <= 1e-5); int8 dynamic quantisation (ONNX
 Runtime) and bfloat16 (OpenVINO) stay within 0.2 Spearman x 100 of float32 on STS-B test (scipy on
 the same pairs)."""
 from __future__ import annotations
@@ -22,7 +22,8 @@ def exported(minilm_dir, tmp_path_factory):
     model = SentenceEncoder.from_pretrained(minilm_dir)
     out = str(tmp_path_factory.mktemp("onnx"))
     quantized = export_onnx(model, out, quantize="int8")  # writes model.onnx, then its int8 form
-    return model, out + "/model.onnx", quantized
+    packed = export_onnx(model, out, packed=True)
+    return model, out + "/model.onnx", quantized, packed
 
 
 def _spearman(model, s1, s2, gold) -> float:
@@ -32,11 +33,18 @@ def _spearman(model, s1, s2, gold) -> float:
 
 
 def test_onnx_float32_equals_ours_and_int8_keeps_stsb(exported, stsb_test):
-    model, path, quantized = exported
+    model, path, quantized, packed_path = exported
     s1, s2, gold = stsb_test
     texts = ["", "A man is playing a guitar.", " ".join(["word"] * 300)] + s1[:200]  # empty, cut at 256 tokens
     fast = onnx_encoder(model, path)
+    assert not fast.packed
     np.testing.assert_allclose(fast.encode(texts), model.encode(texts), atol=1e-5)
+    # The packed graph takes packed blocks (rows of 64 and, for the 256-token text, of 256 tokens).
+    assert packed_path.endswith("model_packed.onnx")
+    packed = onnx_encoder(model, packed_path)
+    assert packed.packed
+    np.testing.assert_allclose(packed.encode(texts), model.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(packed.encode(texts[1:4], batch_size=2), model.encode(texts[1:4]), atol=1e-5)
     # The encode contract is the encoder's own: keywords pass through unchanged.
     np.testing.assert_array_equal(fast.encode(texts[:5], precision="binary"), model.encode(texts[:5], precision="binary"))
     with pytest.raises(TypeError, match="no_such_keyword"):
@@ -58,7 +66,7 @@ import numpy as np, scipy.stats
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.onnx_export import openvino_encoder
-model_dir, path, stsb = sys.argv[1:4]
+model_dir, path, packed_path, stsb = sys.argv[1:5]
 model = SentenceEncoder.from_pretrained(model_dir)
 s1, s2, gold = read_sts_pairs(stsb, score_range=(0, 5))
 texts = ["", "A man is playing a guitar.", " ".join(["word"] * 300)] + s1[:200]
@@ -66,28 +74,37 @@ def spearman(m):
     a, b = m.encode(s1, normalize_embeddings=True), m.encode(s2, normalize_embeddings=True)
     return 100 * scipy.stats.spearmanr((a * b).sum(axis=1), gold).statistic
 f32, bf16 = openvino_encoder(model, path, "f32"), openvino_encoder(model, path, "bf16")
+packed, packed_bf16 = openvino_encoder(model, packed_path, "f32"), openvino_encoder(model, packed_path, "bf16")
+ours = model.encode(texts)
 print(json.dumps({"f32_precision": f32.runtime_precision, "bf16_precision": bf16.runtime_precision,
-                  "f32_max_diff": float(np.abs(f32.encode(texts) - model.encode(texts)).max()),
-                  "spearman": spearman(model), "bf16_spearman": spearman(bf16)}))
+                  "f32_max_diff": float(np.abs(f32.encode(texts) - ours).max()),
+                  "packed": [packed.packed, packed_bf16.packed, f32.packed],
+                  "packed_max_diff": float(np.abs(packed.encode(texts) - ours).max()),
+                  "spearman": spearman(model), "bf16_spearman": spearman(bf16),
+                  "packed_bf16_spearman": spearman(packed_bf16)}))
 """
 
 
 def test_openvino_float32_equals_ours_and_bf16_keeps_stsb(exported, minilm_dir, data_dir):
-    """OpenVINO on the same graph: float32 gives our embeddings; the bfloat16 hint (float32 where the
-    CPU has no bf16 units: `runtime_precision` says which ran) stays within 0.2 on STS-B test."""
-    _, path, _ = exported
-    out = subprocess.run([sys.executable, "-c", _OPENVINO_CHECK, minilm_dir, path, os.path.join(data_dir, "stsb", "test.tsv")],
+    """OpenVINO on the same graphs (padded and packed): float32 gives our embeddings; the bfloat16
+    hint (float32 where the CPU has no bf16 units: `runtime_precision` says which ran) stays within
+    0.2 on STS-B test."""
+    _, path, _, packed_path = exported
+    out = subprocess.run([sys.executable, "-c", _OPENVINO_CHECK, minilm_dir, path, packed_path,
+                          os.path.join(data_dir, "stsb", "test.tsv")],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["f32_precision"] == "f32" and got["bf16_precision"] in ("bf16", "f32")
-    assert got["f32_max_diff"] <= 1e-5
+    assert got["f32_max_diff"] <= 1e-5 and got["packed_max_diff"] <= 1e-5
+    assert got["packed"] == [True, True, False]
     assert got["spearman"] == pytest.approx(82.03, abs=0.01)
     assert abs(got["bf16_spearman"] - got["spearman"]) <= 0.2
+    assert abs(got["packed_bf16_spearman"] - got["spearman"]) <= 0.2
 
 
 def test_bad_arguments(exported, tmp_path):
-    model, _, _ = exported
+    model, _, _, _ = exported
     with pytest.raises(ValueError, match="quantize 'int4'"):
         export_onnx(model, str(tmp_path), quantize="int4")
     with pytest.raises(FileNotFoundError, match="no such ONNX model"):

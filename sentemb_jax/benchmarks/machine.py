@@ -11,6 +11,10 @@ import numpy as np
 # Extensions that decide CPU inference speed: AVX2 / AVX-512 (float32 FMA), VNNI (int8 dot
 # products), AVX512-BF16 (bfloat16 dot products), AMX (bfloat16 / int8 matrix tiles).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+# Settings that make a library use fewer of those extensions than the CPU has (to see how a run
+# would go on an older CPU): XLA (in XLA_FLAGS), ATen, MKL, oneDNN, OpenBLAS. A benchmark run
+# under them says so on its first line.
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE")
 
 
 def _cpuinfo_field(name: str) -> str | None:
@@ -34,7 +38,10 @@ def cpu_description() -> str:
     """'<model> (<extensions>), <n> cores' - the first line a benchmark prints."""
     flags = cpu_flags()
     isa = [x for x in ISA_FLAGS if x in flags]
-    return f"{cpu_model()} ({', '.join(isa) or 'ISA unknown'}), {os.cpu_count()} cores"
+    caps = [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
+    caps += [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa")]
+    capped = f"; extensions capped by {' '.join(caps)}" if caps else ""
+    return f"{cpu_model()} ({', '.join(isa) or 'ISA unknown'}), {os.cpu_count()} cores{capped}"
 
 
 def numpy_matmul_gflops(n: int = 2048, repeats: int = 10) -> float:

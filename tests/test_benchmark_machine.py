@@ -1,0 +1,21 @@
+"""benchmarks.machine: the first line every benchmark prints names the CPU, its extensions and any
+setting that capped the extensions our libraries use (so numbers from a capped run are never taken
+for the machine's own)."""
+from __future__ import annotations
+
+from sentemb_jax.benchmarks import machine
+
+
+def test_cpu_description_names_model_extensions_and_caps(monkeypatch):
+    for name in (*machine.ISA_CAPS, "XLA_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"fpu", "avx2", "fma", "amx_bf16"})
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Test CPU")
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    assert machine.cpu_description() == "Test CPU (avx2, fma, amx_bf16), 2 cores"
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_max_isa=AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "")  # empty: not a cap
+    assert machine.cpu_description() == (
+        "Test CPU (avx2, fma, amx_bf16), 2 cores; extensions capped by ONEDNN_MAX_CPU_ISA=AVX2 --xla_cpu_max_isa=AVX2")
