@@ -79,7 +79,13 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
     if quantize is None:
         return path
     quantized = os.path.join(out_dir, f"{name}_qint8.onnx")
-    ortq.quantize_dynamic(path, quantized, weight_type=ortq.QuantType.QInt8)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # its advice to pre-process the graph (shape inference) goes to the root logger
+    try:
+        ortq.quantize_dynamic(path, quantized, weight_type=ortq.QuantType.QInt8)
+    finally:
+        root.setLevel(level)
     return quantized
 
 

@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import torch
+import transformers
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
@@ -57,6 +58,7 @@ def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, th
     bf16, packed = "bf16" in kind, "packed" in kind
     if kind.startswith("sentence_transformers"):
         torch.set_num_threads(threads)
+        transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar, once per worker
         model = SentenceTransformer(model_dir, device="cpu")
         if bf16:
             model = model.bfloat16()
