@@ -18,6 +18,7 @@ import time
 import jax
 import optax
 import torch
+import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses
 
@@ -43,6 +44,7 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
         torch.set_num_threads(threads)
+        transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar
         model = SentenceTransformer(model_dir, device="cpu")
         model.max_seq_length = 64
         loss_fn = losses.MultipleNegativesRankingLoss(model, scale=20.0)
@@ -51,12 +53,12 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
 
         def run():
             for b in batches:
-                feats = [model.tokenize([p[0] for p in b]), model.tokenize([p[1] for p in b])]
+                feats = [model.preprocess([p[0] for p in b]), model.preprocess([p[1] for p in b])]
                 loss = loss_fn(feats, None)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-            return float(loss)
+            return float(loss.detach())
     else:
         enc = SentenceEncoder.from_pretrained(model_dir, max_seq_length=64)
         enc.tokenizer.buckets = tuple(b for b in TRAIN_BUCKETS if b < 64) + (64,)
