@@ -84,9 +84,10 @@ class CrossEncoder:
         self._logits = jax.jit(lambda p, f: module.apply({"params": p}, **f))
         self._logits_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, a.get("token_type_ids"),
                                                                 packing=a["packing"]))
-        # predict's batching: False, length-sorted padded batches; True, whole pairs packed end to
-        # end in rows (sentemb_jax.inference): the same scores (<= 1e-5), fewer token slots.
-        self.packed = False
+        # predict's batching: True (default), whole pairs packed end to end in rows
+        # (sentemb_jax.inference): the padded path's scores within 1e-5, fewer token slots; False,
+        # length-sorted padded batches.
+        self.packed = True
 
     @classmethod
     def from_pretrained(cls, path: str, pooling: str | None = None, max_seq_length: int | None = None, seed: int = 0,

@@ -203,9 +203,10 @@ class SentenceEncoder(contract.ModelSettings):
         self._init_settings(**settings)
         self._embed = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
         self._embed_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, packing=a["packing"]))
-        # encode's batching: False, length-sorted batches padded to a bucket; True, texts packed end
-        # to end in rows (sentemb_jax.inference): the same embeddings (<= 1e-5), fewer token slots.
-        self.packed = False
+        # encode's batching: True (default), texts packed end to end in rows (sentemb_jax.inference):
+        # the padded path's embeddings within 1e-5, fewer token slots, faster on every CPU measured
+        # (docs/RESULTS.md, issue 33); False, length-sorted batches padded to a bucket.
+        self.packed = True
         self._tokens = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden))
 
     # ------------------------------------------------------------------ loading

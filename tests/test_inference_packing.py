@@ -55,6 +55,8 @@ def test_minilm_encode_packed_equals_padded(minilm_dir, stsb_test, batch_size):
     model = SentenceEncoder.from_pretrained(minilm_dir)
     texts = _texts(stsb_test)
     assert len(model.tokenizer.tokenize([LONG])[0]) > 128
+    assert model.packed  # the default
+    model.packed = False
     padded = model.encode(texts, batch_size=batch_size)
     model.packed = True
     packed = model.encode(texts, batch_size=batch_size)
@@ -68,6 +70,7 @@ def test_t5_encode_packed_equals_padded(tmp_path, stsb_test, pooling):
     make_t5(str(tmp_path / "t5"), "1.1")
     model = SentenceEncoder.from_pretrained(str(tmp_path / "t5"), pooling=pooling, max_seq_length=160)
     texts = _texts(stsb_test, 60)
+    model.packed = False
     padded = model.encode(texts, batch_size=16)
     model.packed = True
     assert np.abs(model.encode(texts, batch_size=16) - padded).max() <= 1e-5
@@ -82,6 +85,8 @@ def test_cross_encoder_predict_packed_equals_padded(minilm_dir, tmp_path, stsb_t
         model = CrossEncoder.from_pretrained(str(tmp_path / "t5"), pooling="mean", max_seq_length=160)
     s1, s2, _ = stsb_test
     pairs = [(LONG, "short"), ("", "empty first")] + list(zip(s1[:80], s2[:80]))
+    assert model.packed  # the default
+    model.packed = False
     padded = model.predict(pairs, batch_size=16, activation="none")
     model.packed = True
     packed = model.predict(pairs, batch_size=16, activation="none")
