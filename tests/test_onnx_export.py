@@ -22,8 +22,8 @@ def exported(minilm_dir, tmp_path_factory):
     model = SentenceEncoder.from_pretrained(minilm_dir)
     out = str(tmp_path_factory.mktemp("onnx"))
     quantized = export_onnx(model, out, quantize="int8")  # writes model.onnx, then its int8 form
-    packed = export_onnx(model, out, packed=True)
-    return model, out + "/model.onnx", quantized, packed
+    packed_int8 = export_onnx(model, out, quantize="int8", packed=True)  # model_packed.onnx and its int8 form
+    return model, out + "/model.onnx", quantized, out + "/model_packed.onnx", packed_int8
 
 
 def _spearman(model, s1, s2, gold) -> float:
@@ -33,7 +33,7 @@ def _spearman(model, s1, s2, gold) -> float:
 
 
 def test_onnx_float32_equals_ours_and_int8_keeps_stsb(exported, stsb_test):
-    model, path, quantized, packed_path = exported
+    model, path, quantized, packed_path, packed_int8 = exported
     s1, s2, gold = stsb_test
     texts = ["", "A man is playing a guitar.", " ".join(["word"] * 300)] + s1[:200]  # empty, cut at 256 tokens
     fast = onnx_encoder(model, path)
@@ -56,6 +56,11 @@ def test_onnx_float32_equals_ours_and_int8_keeps_stsb(exported, stsb_test):
     assert full == pytest.approx(82.03, abs=0.01)  # MTEB's published STS-B test figure for this model
     assert abs(low - full) <= 0.2
     assert np.abs(int8.encode(texts) - model.encode(texts)).max() > 1e-4  # it is another model (int8 weights)
+    # int8 on the packed graph: packed blocks, int8 weights, the same quality bound.
+    assert packed_int8.endswith("model_packed_qint8.onnx")
+    int8_packed = onnx_encoder(model, packed_int8)
+    assert int8_packed.packed
+    assert abs(_spearman(int8_packed, s1, s2, gold) - full) <= 0.2
 
 
 # Run in a child process: with OpenVINO's CPU plugin loaded and run in the pytest process, a later
@@ -89,7 +94,7 @@ def test_openvino_float32_equals_ours_and_bf16_keeps_stsb(exported, minilm_dir, 
     """OpenVINO on the same graphs (padded and packed): float32 gives our embeddings; the bfloat16
     hint (float32 where the CPU has no bf16 units: `runtime_precision` says which ran) stays within
     0.2 on STS-B test."""
-    _, path, _, packed_path = exported
+    _, path, _, packed_path, _ = exported
     out = subprocess.run([sys.executable, "-c", _OPENVINO_CHECK, minilm_dir, path, packed_path,
                           os.path.join(data_dir, "stsb", "test.tsv")],
                          capture_output=True, text=True, timeout=600)
@@ -104,7 +109,7 @@ def test_openvino_float32_equals_ours_and_bf16_keeps_stsb(exported, minilm_dir, 
 
 
 def test_bad_arguments(exported, tmp_path):
-    model, _, _, _ = exported
+    model, _, _, _, _ = exported
     with pytest.raises(ValueError, match="quantize 'int4'"):
         export_onnx(model, str(tmp_path), quantize="int4")
     with pytest.raises(FileNotFoundError, match="no such ONNX model"):

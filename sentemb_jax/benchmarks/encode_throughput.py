@@ -63,10 +63,10 @@ def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, th
         if bf16:
             model = model.bfloat16()
     elif kind.startswith("sentemb_jax_onnx"):
-        path = onnx_paths["int8" if kind.endswith("int8") else "packed" if packed else "f32"]
+        path = onnx_paths[("packed_" if packed else "") + ("int8" if "int8" in kind else "f32")]
         model = onnx_encoder(SentenceEncoder.from_pretrained(model_dir), path, threads)
     elif kind.startswith("sentemb_jax_openvino"):
-        model = openvino_encoder(SentenceEncoder.from_pretrained(model_dir), onnx_paths["packed" if packed else "f32"],
+        model = openvino_encoder(SentenceEncoder.from_pretrained(model_dir), onnx_paths["packed_f32" if packed else "f32"],
                                  "bf16" if bf16 else "f32")
         extra["runtime_precision"] = model.runtime_precision
     else:
@@ -123,7 +123,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--bf16", action="store_true", help="also ours and sentence-transformers in bfloat16")
-    parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime, float32 and int8")
+    parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime (float32, int8) and OpenVINO (float32, bf16), padded and packed")
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
@@ -141,9 +141,11 @@ def main(argv=None):
             encoder = SentenceEncoder.from_pretrained(model_dir)
             onnx_paths["int8"] = export_onnx(encoder, tmp, quantize="int8")
             onnx_paths["f32"] = os.path.join(tmp, "model.onnx")
-            onnx_paths["packed"] = export_onnx(encoder, tmp, packed=True)
+            onnx_paths["packed_int8"] = export_onnx(encoder, tmp, quantize="int8", packed=True)
+            onnx_paths["packed_f32"] = os.path.join(tmp, "model_packed.onnx")
             print(f"ONNX export (padded + packed) + int8 quantisation: {time.perf_counter() - start:.0f} s", flush=True)
-            kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_openvino",
+            kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
+                      "sentemb_jax_openvino",
                       "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16", "sentemb_jax_openvino_bf16_packed"]
         common = (model_dir, sentences, args.batch_size, threads, onnx_paths)
         startup: dict = {}
