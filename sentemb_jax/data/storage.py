@@ -1,7 +1,9 @@
 """Data files on any filesystem `tf.io.gfile` reads (local, gs://, ram://, ...): globs, gzip, existence.
 
 Local paths go through the os (faster line iteration); a path with a scheme (`gs://...`) through
-`tf.io.gfile`, the filesystem layer TensorFlow, seqio and TFDS read buckets with.
+`tf.io.gfile`, the filesystem layer TensorFlow, seqio and TFDS read buckets with. TensorFlow is
+imported on the first such path only: reading local files (evaluation, `encode`'s callers, the
+benchmarks) then never pays its ~3 s import nor prints its native start-up lines.
 """
 from __future__ import annotations
 
@@ -13,12 +15,17 @@ import os
 import zlib
 from typing import BinaryIO, Iterator
 
-import tensorflow as tf
-
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import is_remote
 
 GLOB_CHARS = "*?["
+
+
+def _tf():
+    """TensorFlow, for paths with a scheme (`tf.io.gfile`, `tf.errors`)."""
+    import tensorflow as tf  # lazy: remote paths only; a 3 s import with native start-up lines on stderr
+
+    return tf
 
 
 def is_pattern(path: str) -> bool:
@@ -29,7 +36,7 @@ def expand(pattern: str, via: str = "") -> list[str]:
     """The files a path or glob names, sorted (shard order); a glob that matches nothing is a DataError."""
     if not is_pattern(pattern):
         return [pattern]
-    matches = tf.io.gfile.glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
+    matches = _tf().io.gfile.glob(pattern) if is_remote(pattern) else _glob.glob(pattern)
     matches = sorted(m for m in matches if not isdir(m))
     if not matches:
         raise DataError(f"{pattern}: no file matches{via}")
@@ -37,15 +44,15 @@ def expand(pattern: str, via: str = "") -> list[str]:
 
 
 def exists(path: str) -> bool:
-    return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path) if is_remote(path) else os.path.isfile(path)
+    return _tf().io.gfile.exists(path) and not _tf().io.gfile.isdir(path) if is_remote(path) else os.path.isfile(path)
 
 
 def isdir(path: str) -> bool:
-    return tf.io.gfile.isdir(path) if is_remote(path) else os.path.isdir(path)
+    return _tf().io.gfile.isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
 def size(path: str) -> int:
-    return tf.io.gfile.stat(path).length if is_remote(path) else os.path.getsize(path)
+    return _tf().io.gfile.stat(path).length if is_remote(path) else os.path.getsize(path)
 
 
 def join(*parts: str) -> str:
@@ -53,15 +60,20 @@ def join(*parts: str) -> str:
 
 
 def makedirs(path: str) -> None:
-    tf.io.gfile.makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
+    _tf().io.gfile.makedirs(path) if is_remote(path) else os.makedirs(path, exist_ok=True)
 
 
 def _open_raw(path: str, mode: str = "rb") -> BinaryIO:
+    if is_remote(path):
+        tf = _tf()
+        missing, failed, opener = tf.errors.NotFoundError, tf.errors.OpError, tf.io.gfile.GFile
+    else:
+        missing, failed, opener = FileNotFoundError, OSError, open
     try:
-        return tf.io.gfile.GFile(path, mode) if is_remote(path) else open(path, mode)
-    except (FileNotFoundError, tf.errors.NotFoundError):
+        return opener(path, mode)
+    except missing:
         raise DataError(f"{path}: no such file") from None
-    except (OSError, tf.errors.OpError) as e:
+    except failed as e:
         raise DataError(f"{path}: cannot open ({getattr(e, 'strerror', None) or getattr(e, 'message', e)})") from None
 
 
@@ -97,7 +109,7 @@ def iter_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
 def write_bytes(path: str, data: bytes) -> None:
     """Write a small file whole (atomically on a local disk: temp file + rename)."""
     if is_remote(path):
-        with tf.io.gfile.GFile(path, "wb") as f:
+        with _tf().io.gfile.GFile(path, "wb") as f:
             f.write(data)
         return
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -121,4 +133,4 @@ def sha256(path: str) -> str:
 
 
 def copy(src: str, dst: str) -> None:
-    tf.io.gfile.copy(src, dst, overwrite=True)
+    _tf().io.gfile.copy(src, dst, overwrite=True)
