@@ -17,6 +17,7 @@ from sentemb_jax.errors import InvalidTextError, TokenizerError  # noqa: F401 - 
 # Steps of ~12-25%: padding waste stays small (cost is linear in padded length) while a corpus
 # compiles at most ~20 shapes. Coarser buckets (8, 16, 32, ...) cost ~25% throughput on STS-B.
 DEFAULT_BUCKETS = (8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+TRAIN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # training: coarse, each shape costs a compile
 
 
 def bucket_length(length: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:

@@ -202,9 +202,9 @@ def test_low_layers_do_not_load_the_models(module):
 
 
 @pytest.mark.parametrize("module", ["sentemb_jax.data.files", "sentemb_jax.evaluation.sts", "sentemb_jax.encoder",
-                                    "sentemb_jax.benchmarks.encode_throughput"])
+                                    "sentemb_jax.benchmarks.encode_throughput", "sentemb_jax.benchmarks.train_throughput"])
 def test_encoding_and_local_files_do_not_load_tensorflow(module, tmp_path):
-    """Encoding and evaluating from local files never imports TensorFlow (a 3 s import that prints
+    """Encoding, evaluating and the two benchmarks never import TensorFlow (a 3 s import that prints
     native start-up lines on stderr): `data.storage` imports it for paths with a scheme only."""
     import subprocess
     import sys

@@ -28,9 +28,8 @@ from sentemb_jax.benchmarks.machine import cpu_description, numpy_matmul_gflops
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.hub import packaged_minilm_path
-from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
 from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
-from sentemb_jax.training.trainer import TRAIN_BUCKETS
 
 
 def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:

@@ -42,7 +42,7 @@ from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.partitioning import batch_shards, make_mesh, shard_batch
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, checkpoint_manager, run_path, write_gin_config
-from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
 from sentemb_jax.training import run_record
 from sentemb_jax.training.checks import check_train_config, check_train_inputs
 from sentemb_jax.training.loop import (
@@ -61,7 +61,6 @@ from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_featur
 
 log = logging.getLogger(__name__)
 
-TRAIN_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # coarse: each shape costs a compile
 
 
 def _model_ref(init_from: str | None) -> str | None:
