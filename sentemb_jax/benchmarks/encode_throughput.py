@@ -145,8 +145,8 @@ def main(argv=None):
             onnx_paths["packed_f32"] = os.path.join(tmp, "model_packed.onnx")
             print(f"ONNX export (padded + packed) + int8 quantisation: {time.perf_counter() - start:.0f} s", flush=True)
             kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
-                      "sentemb_jax_openvino",
-                      "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16", "sentemb_jax_openvino_bf16_packed"]
+                      "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
+                      "sentemb_jax_openvino_bf16_packed"]
         common = (model_dir, sentences, args.batch_size, threads, onnx_paths)
         startup: dict = {}
         med = run_side_by_side({k: (_worker, (k, *common)) for k in kinds}, args.rounds, count=len(sentences), startup=startup)

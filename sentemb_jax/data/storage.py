@@ -44,7 +44,10 @@ def expand(pattern: str, via: str = "") -> list[str]:
 
 
 def exists(path: str) -> bool:
-    return _tf().io.gfile.exists(path) and not _tf().io.gfile.isdir(path) if is_remote(path) else os.path.isfile(path)
+    if not is_remote(path):
+        return os.path.isfile(path)
+    gfile = _tf().io.gfile
+    return gfile.exists(path) and not gfile.isdir(path)
 
 
 def isdir(path: str) -> bool:

@@ -62,7 +62,6 @@ from sentemb_jax.training.step import ContrastiveConfig, TrainState, side_featur
 log = logging.getLogger(__name__)
 
 
-
 def _model_ref(init_from: str | None) -> str | None:
     """The start model as recorded in MODEL_DIR (encoder.json, run_config.json): absolute when local."""
     return os.path.abspath(init_from) if init_from and not _is_remote(init_from) else init_from
