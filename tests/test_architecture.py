@@ -32,7 +32,7 @@ LAYERS = [
 # Imports inside a function are allowed only with a reason on the line (`# lazy: why`) - an
 # optional heavy dependency, or what the command line must import only after the console has
 # taken over stderr - and only this many in the package.
-MAX_LAZY_IMPORTS = 13
+MAX_LAZY_IMPORTS = 14
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 
@@ -218,6 +218,20 @@ def test_encoding_and_local_files_do_not_load_tensorflow(module, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False"]
     assert "cudart_stub" not in out.stderr and "port.cc" not in out.stderr  # TensorFlow's start-up lines
+
+
+@pytest.mark.parametrize("module", ["sentemb_jax.benchmarks.encode_throughput", "sentemb_jax.benchmarks.train_throughput"])
+def test_the_benchmarks_run_without_the_onnx_extra(module):
+    """The JAX and sentence-transformers rows need no ONNX runtime: jax2onnx, ONNX Runtime and
+    OpenVINO (the optional `onnx` extra) load for `encode_throughput --onnx` only."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, {module}; "
+            f"print([m for m in ('sentemb_jax.onnx_export', 'jax2onnx', 'onnxruntime', 'openvino') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]"]
 
 
 MAX_FUNCTION_LINES = 100  # code lines (a docstring is not counted): one screen to read

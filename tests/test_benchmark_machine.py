@@ -12,6 +12,7 @@ def test_cpu_description_names_model_extensions_and_caps(monkeypatch):
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"fpu", "avx2", "fma", "amx_bf16"})
     monkeypatch.setattr(machine, "cpu_model", lambda: "Test CPU")
     monkeypatch.setattr(machine.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     assert machine.cpu_description() == "Test CPU (avx2, fma, amx_bf16), 2 cores"
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_max_isa=AVX2")
@@ -19,3 +20,13 @@ def test_cpu_description_names_model_extensions_and_caps(monkeypatch):
     monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "")  # empty: not a cap
     assert machine.cpu_description() == (
         "Test CPU (avx2, fma, amx_bf16), 2 cores; extensions capped by ONEDNN_MAX_CPU_ISA=AVX2 --xla_cpu_max_isa=AVX2")
+
+
+def test_cpu_description_says_when_the_process_may_use_fewer_cores_than_the_host(monkeypatch):
+    """Under taskset / a cpuset the benchmarks run (and give torch) the cores they may use."""
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2"})
+    monkeypatch.setattr(machine, "cpu_model", lambda: "Test CPU")
+    monkeypatch.setattr(machine.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert machine.usable_cores() == 2
+    assert machine.cpu_description().endswith("(avx2), 2 of 16 cores")

@@ -31,11 +31,10 @@ import transformers
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.benchmarks.machine import cpu_description
+from sentemb_jax.benchmarks.machine import cpu_description, usable_cores
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
-from sentemb_jax.onnx_export import export_onnx, onnx_encoder, openvino_encoder
 
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16")
 # float32 paths of ours: the headline ratio takes the fastest.
@@ -48,12 +47,20 @@ def _load_sentences(data_dir: str | None) -> list[str]:
     return s1 + s2
 
 
-def _stsb_test(model) -> float:
+def _stsb_test(model, data_dir: str | None) -> float:
     """STS-B test Spearman x 100 of the model's cosine similarities (the quality beside the speed)."""
-    return StsbEvaluator(default_data_dir(), "test")(model)["spearman"]
+    return StsbEvaluator(data_dir or default_data_dir(), "test")(model)["spearman"]
 
 
-def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, threads: int, onnx_paths: dict, conn) -> None:
+def _onnx_export():
+    """The ONNX / OpenVINO rows only: their runtimes are the optional `onnx` extra."""
+    from sentemb_jax import onnx_export  # lazy: without the onnx extra the JAX and torch rows still run
+
+    return onnx_export
+
+
+def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str], batch_size: int, threads: int,
+            onnx_paths: dict, conn) -> None:
     warm, extra = 0.0, {}
     bf16, packed = "bf16" in kind, "packed" in kind
     if kind.startswith("sentence_transformers"):
@@ -64,10 +71,10 @@ def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, th
             model = model.bfloat16()
     elif kind.startswith("sentemb_jax_onnx"):
         path = onnx_paths[("packed_" if packed else "") + ("int8" if "int8" in kind else "f32")]
-        model = onnx_encoder(SentenceEncoder.from_pretrained(model_dir), path, threads)
+        model = _onnx_export().onnx_encoder(SentenceEncoder.from_pretrained(model_dir), path, threads)
     elif kind.startswith("sentemb_jax_openvino"):
-        model = openvino_encoder(SentenceEncoder.from_pretrained(model_dir), onnx_paths["packed_f32" if packed else "f32"],
-                                 "bf16" if bf16 else "f32")
+        model = _onnx_export().openvino_encoder(SentenceEncoder.from_pretrained(model_dir),
+                                                onnx_paths["packed_f32" if packed else "f32"], "bf16" if bf16 else "f32")
         extra["runtime_precision"] = model.runtime_precision
     else:
         model = SentenceEncoder.from_pretrained(model_dir, dtype="bfloat16" if bf16 else None)
@@ -80,7 +87,7 @@ def _worker(kind: str, model_dir: str, sentences: list[str], batch_size: int, th
         start = time.perf_counter()
         model.warm_up(batch_size)  # every bucket shape (what a server does at load)
         warm = time.perf_counter() - start
-    conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": _stsb_test(model), **extra}))
+    conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": _stsb_test(model, data_dir), **extra}))
     while conn.recv() == "run":
         start = time.perf_counter()
         run()
@@ -131,14 +138,14 @@ def main(argv=None):
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     sentences = _load_sentences(args.data_dir)
-    threads = os.cpu_count()  # XLA's CPU client uses every core; give torch the same
+    threads = usable_cores()  # XLA's CPU client uses every core it may; give torch the same
     kinds = ["sentemb_jax", "sentemb_jax_packed", "sentence_transformers"]
     kinds += ["sentemb_jax_bf16", "sentence_transformers_bf16"] if args.bf16 else []
     onnx_paths = {}
     with tempfile.TemporaryDirectory() as tmp:
         if args.onnx:
             start = time.perf_counter()
-            encoder = SentenceEncoder.from_pretrained(model_dir)
+            encoder, export_onnx = SentenceEncoder.from_pretrained(model_dir), _onnx_export().export_onnx
             onnx_paths["int8"] = export_onnx(encoder, tmp, quantize="int8")
             onnx_paths["f32"] = os.path.join(tmp, "model.onnx")
             onnx_paths["packed_int8"] = export_onnx(encoder, tmp, quantize="int8", packed=True)
@@ -147,7 +154,7 @@ def main(argv=None):
             kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
                       "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
                       "sentemb_jax_openvino_bf16_packed"]
-        common = (model_dir, sentences, args.batch_size, threads, onnx_paths)
+        common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
         startup: dict = {}
         med = run_side_by_side({k: (_worker, (k, *common)) for k in kinds}, args.rounds, count=len(sentences), startup=startup)
     print(f"model={model_dir} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")

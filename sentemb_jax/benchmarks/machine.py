@@ -34,14 +34,26 @@ def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or "unknown CPU"
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask (taskset, a container's cpuset), which XLA's
+    thread pool also follows; os.cpu_count() counts the whole host."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS)
+        return os.cpu_count() or 1
+
+
 def cpu_description() -> str:
-    """'<model> (<extensions>), <n> cores' - the first line a benchmark prints."""
+    """'<model> (<extensions>), <n> cores' - the first line a benchmark prints ('<n> of <m> cores'
+    when the process may use fewer than the host has)."""
     flags = cpu_flags()
     isa = [x for x in ISA_FLAGS if x in flags]
     caps = [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
     caps += [flag for flag in os.environ.get("XLA_FLAGS", "").split() if flag.startswith("--xla_cpu_max_isa")]
     capped = f"; extensions capped by {' '.join(caps)}" if caps else ""
-    return f"{cpu_model()} ({', '.join(isa) or 'ISA unknown'}), {os.cpu_count()} cores{capped}"
+    usable, host = usable_cores(), os.cpu_count()
+    cores = f"{usable} cores" if usable == host else f"{usable} of {host} cores"
+    return f"{cpu_model()} ({', '.join(isa) or 'ISA unknown'}), {cores}{capped}"
 
 
 def numpy_matmul_gflops(n: int = 2048, repeats: int = 10) -> float:

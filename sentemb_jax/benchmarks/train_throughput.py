@@ -24,7 +24,7 @@ from sentence_transformers.sentence_transformer import losses
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
-from sentemb_jax.benchmarks.machine import cpu_description, numpy_matmul_gflops
+from sentemb_jax.benchmarks.machine import cpu_description, numpy_matmul_gflops, usable_cores
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.hub import packaged_minilm_path
@@ -94,18 +94,19 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
     args = parser.parse_args(argv)
 
     print(f"machine: {cpu_description()}", flush=True)
-    model_dir = packaged_minilm_path()
+    model_dir = args.model or packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)
     tok = Tokenizer.from_pretrained(model_dir, max_length=64)
     real_tokens_per_pair = sum(len(tok.tokenize([a])[0]) + len(tok.tokenize([b])[0]) for a, b in pairs) / len(pairs)
     non_embedding_params = 22.7e6 - 30522 * 384 - 512 * 384 - 2 * 384  # all-MiniLM-L6-v2
     flops_per_pair = 6 * non_embedding_params * real_tokens_per_pair
-    threads = os.cpu_count()
+    threads = usable_cores()  # XLA's CPU client uses every core it may; give torch the same
     common = (model_dir, pairs, args.batch_size, args.steps, threads)
     peak = numpy_matmul_gflops()
     workers = {"sentemb_jax": (_worker, ("sentemb_jax", *common, True)),
