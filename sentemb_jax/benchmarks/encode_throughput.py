@@ -1,6 +1,6 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
-    python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx]
+    python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx] [--only ROWS]
 
 Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
 and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
@@ -15,7 +15,8 @@ alternates the workers round by round - one runs at a time - and prints sentence
 (median over rounds). The first line names the CPU and its extensions; the last line is
 `ratio_vs_sentence_transformers=<ours / theirs>`, float32 against float32: ours the fastest of our
 float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our exports); the
-line before it gives the JAX paths alone.
+line before it gives the JAX paths alone. --only runs the rows it names (and the baseline), exporting
+only the graphs they need: e.g. `--only sentemb_jax_packed,sentemb_jax_openvino_bf16_packed`.
 """
 from __future__ import annotations
 
@@ -37,6 +38,11 @@ from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16")
+ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
+              "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
+              "sentemb_jax_openvino_bf16_packed")
+ALL_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_bf16", "sentence_transformers_bf16",
+             *ONNX_KINDS)
 # float32 paths of ours: the headline ratio takes the fastest.
 OURS_F32 = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_openvino",
             "sentemb_jax_openvino_packed")
@@ -125,35 +131,56 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
     return {n: statistics.median(v) for n, v in rates.items()}
 
 
+def _kinds(bf16: bool, onnx: bool, only: str | None) -> list[str]:
+    """The rows to run: the flags' sets, or those `only` names (sentence_transformers always: the baseline)."""
+    if only is None:
+        return [*ALL_KINDS[:3], *(ALL_KINDS[3:5] if bf16 else ()), *(ONNX_KINDS if onnx else ())]
+    wanted = {k.strip() for k in only.split(",") if k.strip()}
+    if wanted - set(ALL_KINDS):
+        raise SystemExit(f"encode_throughput: --only {sorted(wanted - set(ALL_KINDS))}: unknown rows; choose from {', '.join(ALL_KINDS)}")
+    return [k for k in ALL_KINDS if k in wanted or k == "sentence_transformers"]
+
+
+def _export_graphs(model_dir: str, kinds: list[str], out_dir: str) -> dict:
+    """Export the ONNX graphs the ONNX Runtime / OpenVINO rows need (padded and/or packed; int8 beside
+    float32 when an int8 row runs); {'f32' | 'int8' | 'packed_f32' | 'packed_int8': path}."""
+    paths, export_onnx, encoder = {}, _onnx_export().export_onnx, None
+    for prefix, rows in (("", [k for k in kinds if k in ONNX_KINDS and "packed" not in k]),
+                         ("packed_", [k for k in kinds if k in ONNX_KINDS and "packed" in k])):
+        if not rows:
+            continue
+        encoder = encoder or SentenceEncoder.from_pretrained(model_dir)
+        int8 = any("int8" in k for k in rows)
+        path = export_onnx(encoder, out_dir, quantize="int8" if int8 else None, packed=bool(prefix))
+        paths[prefix + "f32"] = os.path.join(out_dir, "model_packed.onnx" if prefix else "model.onnx")
+        if int8:
+            paths[prefix + "int8"] = path
+    return paths
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--bf16", action="store_true", help="also ours and sentence-transformers in bfloat16")
     parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime (float32, int8) and OpenVINO (float32, bf16), padded and packed")
+    parser.add_argument("--only", default=None, help="comma-separated rows to run instead of the flags' sets "
+                        "(sentence_transformers always runs); rows: " + ", ".join(ALL_KINDS))
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
+    kinds = _kinds(args.bf16, args.onnx, args.only)
 
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     sentences = _load_sentences(args.data_dir)
     threads = usable_cores()  # XLA's CPU client uses every core it may; give torch the same
-    kinds = ["sentemb_jax", "sentemb_jax_packed", "sentence_transformers"]
-    kinds += ["sentemb_jax_bf16", "sentence_transformers_bf16"] if args.bf16 else []
-    onnx_paths = {}
     with tempfile.TemporaryDirectory() as tmp:
-        if args.onnx:
+        onnx_paths = {}
+        if any(k in ONNX_KINDS for k in kinds):
             start = time.perf_counter()
-            encoder, export_onnx = SentenceEncoder.from_pretrained(model_dir), _onnx_export().export_onnx
-            onnx_paths["int8"] = export_onnx(encoder, tmp, quantize="int8")
-            onnx_paths["f32"] = os.path.join(tmp, "model.onnx")
-            onnx_paths["packed_int8"] = export_onnx(encoder, tmp, quantize="int8", packed=True)
-            onnx_paths["packed_f32"] = os.path.join(tmp, "model_packed.onnx")
-            print(f"ONNX export (padded + packed) + int8 quantisation: {time.perf_counter() - start:.0f} s", flush=True)
-            kinds += ["sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
-                      "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
-                      "sentemb_jax_openvino_bf16_packed"]
+            onnx_paths = _export_graphs(model_dir, kinds, tmp)
+            print(f"ONNX export ({', '.join(sorted(onnx_paths))}): {time.perf_counter() - start:.0f} s", flush=True)
         common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
         startup: dict = {}
         med = run_side_by_side({k: (_worker, (k, *common)) for k in kinds}, args.rounds, count=len(sentences), startup=startup)
@@ -167,10 +194,12 @@ def main(argv=None):
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
-    jax_f32 = max(med["sentemb_jax"], med["sentemb_jax_packed"])
-    ours_f32 = max(v for n, v in med.items() if n in OURS_F32)
-    print(f"ratio_jax_vs_sentence_transformers={jax_f32 / med['sentence_transformers']:.2f}")
-    print(f"ratio_vs_sentence_transformers={ours_f32 / med['sentence_transformers']:.2f}")
+    jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
+    ours_f32 = [v for n, v in med.items() if n in OURS_F32]
+    if jax_f32:
+        print(f"ratio_jax_vs_sentence_transformers={max(jax_f32) / med['sentence_transformers']:.2f}")
+    if ours_f32:
+        print(f"ratio_vs_sentence_transformers={max(ours_f32) / med['sentence_transformers']:.2f}")
 
 
 if __name__ == "__main__":
