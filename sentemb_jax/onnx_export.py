@@ -9,6 +9,9 @@
     fast.encode(["a sentence"], normalize_embeddings=True)
     bf16 = openvino_encoder(model, "out/onnx/model.onnx", precision="bf16")  # OpenVINO, bfloat16 matmuls
 
+    # or in one call, as sentence-transformers' SentenceTransformer(path, backend="openvino"):
+    fast = load_encoder("path/to/all-MiniLM-L6-v2", backend="openvino", precision="bf16")
+
 The graph is our Flax module traced by jax2onnx (batch and length dynamic: `input_ids`,
 `attention_mask` int32 [batch, length] -> `sentence_embedding` float32 [batch, dim], the model's
 output with its Normalize module if it has one); tokenisation stays in Python (our tokenizer).
@@ -32,9 +35,11 @@ the package imports this module.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +123,31 @@ def openvino_encoder(encoder: SentenceEncoder, onnx_path: str, precision: str = 
     clone = _with_forward(encoder, lambda inputs: compiled(inputs)[0], names)
     clone.runtime_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32" / "bf16"
     return clone
+
+
+# backend -> its precisions (the first is the default): ONNX Runtime float32 or int8 dynamic
+# quantisation; OpenVINO's inference precision hint.
+BACKENDS = {"onnx": QUANTIZATIONS, "openvino": OPENVINO_PRECISIONS}
+
+
+def load_encoder(model_dir: str, backend: str = "openvino", precision: str | None = None, packed: bool = True,
+                 export_dir: str | None = None, **from_pretrained_kwargs) -> SentenceEncoder:
+    """The encoder of `model_dir` (`SentenceEncoder.from_pretrained(model_dir, **kwargs)`) served by
+    a CPU runtime in one call, as sentence-transformers' `SentenceTransformer(path, backend=...)`:
+    its forward exported to ONNX (packed blocks by default: faster than padded in every runtime
+    measured, docs/RESULTS.md) and run by ONNX Runtime (`backend="onnx"`, precision None / 'int8')
+    or OpenVINO (`"openvino"`, precision 'f32' / 'bf16'). export_dir keeps the exported files;
+    by default they go to a temporary directory, removed once the runtime has loaded them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"load_encoder: backend {backend!r}: choose from {tuple(BACKENDS)}")
+    precision = BACKENDS[backend][0] if precision is None else precision
+    if precision not in BACKENDS[backend]:
+        raise ValueError(f"load_encoder: precision {precision!r} for backend {backend!r}: choose from {BACKENDS[backend]}")
+    encoder = SentenceEncoder.from_pretrained(model_dir, **from_pretrained_kwargs)
+    with tempfile.TemporaryDirectory() if export_dir is None else contextlib.nullcontext(export_dir) as out:
+        if backend == "onnx":
+            return onnx_encoder(encoder, export_onnx(encoder, out, quantize=precision, packed=packed))
+        return openvino_encoder(encoder, export_onnx(encoder, out, packed=packed), precision)
 
 
 def _require_file(onnx_path: str) -> None:

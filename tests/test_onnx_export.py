@@ -63,6 +63,40 @@ def test_onnx_float32_equals_ours_and_int8_keeps_stsb(exported, stsb_test):
     assert abs(_spearman(int8_packed, s1, s2, gold) - full) <= 0.2
 
 
+def test_load_encoder_serves_the_packed_export_in_one_call(exported, minilm_dir):
+    """backend='onnx' exports the packed graph into a temporary directory, gone by the time the
+    encoder runs (the runtime holds the graph), and gives our embeddings."""
+    from sentemb_jax.onnx_export import load_encoder
+
+    model = exported[0]
+    fast = load_encoder(minilm_dir, backend="onnx")
+    assert fast.packed and "_embed_packed" in vars(fast)  # packed blocks through ONNX Runtime's forward, not XLA's
+    texts = ["", "A man is playing a guitar.", " ".join(["word"] * 300), "A woman is slicing an onion."]
+    np.testing.assert_allclose(fast.encode(texts), model.encode(texts), atol=1e-5)
+
+
+def test_load_encoder_checks_backend_and_precision_first_and_passes_them_on(monkeypatch, tmp_path):
+    from sentemb_jax import onnx_export
+
+    # Checked before any work: the model directory does not exist.
+    with pytest.raises(ValueError, match=r"backend 'torch': choose from \('onnx', 'openvino'\)"):
+        onnx_export.load_encoder("/no/such/model", backend="torch")
+    with pytest.raises(ValueError, match=r"precision 'int8' for backend 'openvino': choose from \('f32', 'bf16'\)"):
+        onnx_export.load_encoder("/no/such/model", backend="openvino", precision="int8")
+    exports = []
+    monkeypatch.setattr(onnx_export.SentenceEncoder, "from_pretrained", classmethod(lambda cls, path, **kw: (path, kw)))
+    monkeypatch.setattr(onnx_export, "export_onnx", lambda enc, out, quantize=None, packed=False:
+                        exports.append((out, quantize, packed)) or os.path.join(out, "graph.onnx"))
+    monkeypatch.setattr(onnx_export, "openvino_encoder", lambda enc, path, precision: ("openvino", enc, path, precision))
+    monkeypatch.setattr(onnx_export, "onnx_encoder", lambda enc, path: ("onnx", enc, path))
+    graph = os.path.join(str(tmp_path), "graph.onnx")
+    assert onnx_export.load_encoder("m", max_seq_length=64, export_dir=str(tmp_path)) == (
+        "openvino", ("m", {"max_seq_length": 64}), graph, "f32")
+    assert onnx_export.load_encoder("m", backend="onnx", precision="int8", packed=False, export_dir=str(tmp_path)) == (
+        "onnx", ("m", {}), graph)
+    assert exports == [(str(tmp_path), None, True), (str(tmp_path), "int8", False)]
+
+
 # Run in a child process: with OpenVINO's CPU plugin loaded and run in the pytest process, a later
 # test that sends itself SIGINT (tests/test_robustness.py) died of a segmentation fault.
 _OPENVINO_CHECK = """
