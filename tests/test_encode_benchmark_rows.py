@@ -15,8 +15,16 @@ def test_the_flags_select_their_rows_and_only_selects_named_rows_plus_the_baseli
     assert bench._kinds(True, True, None) == list(bench.ALL_KINDS)
     assert bench._kinds(False, False, " sentemb_jax_openvino_bf16_packed,sentemb_jax_packed ") == [
         "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_openvino_bf16_packed"]
-    with pytest.raises(SystemExit, match=r"\['openvino'\]: unknown rows"):
+    with pytest.raises(ValueError, match=r"\['openvino'\]: unknown rows"):
         bench._kinds(False, False, "sentemb_jax,openvino")
+
+
+def test_an_unknown_row_is_a_usage_error_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--only", "sentemb_jax_packed,openvino", "--data_dir", "/no/such/dir"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--only ['openvino']: unknown rows; choose from sentemb_jax, sentemb_jax_packed" in err
 
 
 @pytest.mark.parametrize("rows, exports, keys", [

@@ -137,7 +137,7 @@ def _kinds(bf16: bool, onnx: bool, only: str | None) -> list[str]:
         return [*ALL_KINDS[:3], *(ALL_KINDS[3:5] if bf16 else ()), *(ONNX_KINDS if onnx else ())]
     wanted = {k.strip() for k in only.split(",") if k.strip()}
     if wanted - set(ALL_KINDS):
-        raise SystemExit(f"encode_throughput: --only {sorted(wanted - set(ALL_KINDS))}: unknown rows; choose from {', '.join(ALL_KINDS)}")
+        raise ValueError(f"--only {sorted(wanted - set(ALL_KINDS))}: unknown rows; choose from {', '.join(ALL_KINDS)}")
     return [k for k in ALL_KINDS if k in wanted or k == "sentence_transformers"]
 
 
@@ -169,7 +169,10 @@ def main(argv=None):
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
-    kinds = _kinds(args.bf16, args.onnx, args.only)
+    try:
+        kinds = _kinds(args.bf16, args.onnx, args.only)
+    except ValueError as e:
+        parser.error(str(e))  # exit 2, before any work
 
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
