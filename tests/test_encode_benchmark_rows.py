@@ -12,7 +12,8 @@ from sentemb_jax.benchmarks import encode_throughput as bench
 
 def test_the_flags_select_their_rows_and_only_selects_named_rows_plus_the_baseline():
     assert bench._kinds(False, False, None) == ["sentemb_jax", "sentemb_jax_packed", "sentence_transformers"]
-    assert bench._kinds(True, True, None) == list(bench.ALL_KINDS)
+    assert bench._kinds(True, True, None) == [k for k in bench.ALL_KINDS if k not in bench.ST_BACKEND_KINDS]
+    assert bench._kinds(True, True, None, "/env/bin/python") == list(bench.ALL_KINDS)
     assert bench._kinds(False, False, " sentemb_jax_openvino_bf16_packed,sentemb_jax_packed ") == [
         "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_openvino_bf16_packed"]
     with pytest.raises(ValueError, match=r"\['openvino'\]: unknown rows"):
@@ -48,3 +49,72 @@ def test_only_the_graphs_the_rows_run_are_exported(monkeypatch, tmp_path, rows, 
     assert set(paths) == keys
     assert all(os.path.basename(p) == {"f32": "model.onnx", "int8": "model_qint8.onnx", "packed_f32": "model_packed.onnx",
                                        "packed_int8": "model_packed_qint8.onnx"}[k] for k, p in paths.items())
+
+
+def test_sentence_transformers_backend_rows_need_another_python():
+    assert bench._kinds(False, False, None, "/env/bin/python")[-3:] == list(bench.ST_BACKEND_KINDS)
+    assert bench._kinds(False, False, "sentence_transformers_onnx_int8", "/env/bin/python") == [
+        "sentence_transformers", "sentence_transformers_onnx_int8"]
+    with pytest.raises(ValueError, match=r"\['sentence_transformers_onnx_int8'\]: these rows need --st_python"):
+        bench._kinds(False, False, "sentence_transformers_onnx_int8")
+
+
+# A stand-in for another environment's worker: st_backend_worker's protocol, fixed timings.
+_FAKE_WORKER = """
+import json, sys
+kind, seconds = sys.argv[1], float(sys.argv[2])
+if kind == "broken":
+    print("ImportError: no module named optimum", file=sys.stderr)
+    sys.exit(3)
+print(json.dumps({"ready": {"first_call_s": 1.5, "stsb_test": 80.0}}), flush=True)
+for line in sys.stdin:
+    if line.strip() != "run":
+        break
+    print(json.dumps(seconds), flush=True)
+"""
+
+
+def test_a_worker_in_another_python_alternates_with_the_others(tmp_path, capsys):
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(_FAKE_WORKER)
+    startup: dict = {}
+    med = bench.run_side_by_side({"a": ([sys.executable, str(script)], ("a", 0.5)), "b": ([sys.executable, str(script)], ("b", 0.25))},
+                                 rounds=3, count=100, startup=startup)
+    assert med == {"a": 200.0, "b": 400.0}
+    assert startup == {"a": {"first_call_s": 1.5, "stsb_test": 80.0}, "b": {"first_call_s": 1.5, "stsb_test": 80.0}}
+    assert capsys.readouterr().out.splitlines()[-1] == "round 3: a=200.0 sent/s  b=400.0 sent/s"
+    with pytest.raises(RuntimeError, match=r"broken worker exited with 3: ImportError: no module named optimum"):
+        bench.run_side_by_side({"broken": ([sys.executable, str(script)], ("broken", 1.0))}, rounds=1)
+
+
+def test_the_sentence_transformers_backend_worker_keeps_its_protocol_clean(tmp_path):
+    """What the libraries print to stdout (Python or native) goes to stderr, not into the protocol;
+    the STS-B figure is the Spearman of the model's cosines."""
+    import json
+    import subprocess
+    import sys
+
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"sentences": ["a", "b", "c"], "s1": ["a", "b", "c"], "s2": ["a", "c", "b"], "gold": [5.0, 1.0, 2.0]}))
+    code = f"""
+import os, sys, numpy as np
+sys.path.insert(0, {os.path.dirname(bench.ST_BACKEND_WORKER)!r})
+import st_backend_worker as w
+class Model:
+    def encode(self, texts, batch_size=64, normalize_embeddings=False, show_progress_bar=None):
+        print("a library line on stdout")
+        os.write(1, b"a native line on fd 1\\n")
+        return np.array([{{"a": [1.0, 0.0], "b": [0.0, 1.0], "c": [0.6, 0.8]}}[t] for t in texts])
+w.load = lambda kind, model_dir, threads, work_dir: Model()
+w.main(["sentence_transformers_onnx", "unused", "2", "64", {str(data)!r}])
+"""
+    out = subprocess.run([sys.executable, "-c", code], input="run\nrun\nstop\n", capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(lines) == 3 and isinstance(lines[1], float) and isinstance(lines[2], float)
+    ready = lines[0]["ready"]
+    # cosines: a·a = 1, b·c = 0.8, c·b = 0.8 against gold 5, 1, 2: ranks (3, 1.5, 1.5) vs (3, 1, 2)
+    assert ready["stsb_test"] == pytest.approx(100 * 0.8660254, abs=1e-5)
+    assert "a library line on stdout" in out.stderr and "a native line on fd 1" in out.stderr

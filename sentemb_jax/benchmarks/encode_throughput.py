@@ -1,6 +1,7 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
     python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx] [--only ROWS]
+        [--st_python ENV/bin/python]
 
 Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
 and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
@@ -17,13 +18,19 @@ alternates the workers round by round - one runs at a time - and prints sentence
 float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our exports); the
 line before it gives the JAX paths alone. --only runs the rows it names (and the baseline), exporting
 only the graphs they need: e.g. `--only sentemb_jax_packed,sentemb_jax_openvino_bf16_packed`.
+--st_python adds sentence-transformers' own ONNX Runtime (float32, int8 dynamic quantisation) and
+OpenVINO backends, run by that interpreter (`st_backend_worker.py`): they need optimum and so
+transformers 4, another environment (`python -m venv ENV && ENV/bin/pip install
+"sentence-transformers[onnx,openvino]==5.7.0" scipy`).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -41,8 +48,11 @@ JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16")
 ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
               "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
               "sentemb_jax_openvino_bf16_packed")
+# sentence-transformers' own ONNX / OpenVINO backends: another Python runs them (--st_python).
+ST_BACKEND_KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino")
 ALL_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_bf16", "sentence_transformers_bf16",
-             *ONNX_KINDS)
+             *ONNX_KINDS, *ST_BACKEND_KINDS)
+ST_BACKEND_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "st_backend_worker.py")
 # float32 paths of ours: the headline ratio takes the fastest.
 OURS_F32 = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_openvino",
             "sentemb_jax_openvino_packed")
@@ -100,17 +110,48 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         conn.send(time.perf_counter() - start)
 
 
+class _CommandWorker:
+    """A worker in another Python environment (argv: a command), behind the Pipe interface below:
+    'run' / 'stop' lines to its stdin, one JSON value a line from its stdout ({"ready": {...}} first,
+    as st_backend_worker prints); its stderr is kept and its tail names why it failed."""
+
+    def __init__(self, name: str, argv: list[str]):
+        self.name, self.log = name, tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+
+    def send(self, message: str) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write(message + "\n")
+            self.proc.stdin.flush()
+
+    def recv(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"{self.name} worker exited with {self.proc.wait()}: {' | '.join(tail)}")
+        value = json.loads(line)
+        return ("ready", value["ready"]) if isinstance(value, dict) else value
+
+    def join(self, timeout: float) -> None:
+        self.proc.wait(timeout)
+
+
 def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1,
                      startup: dict | None = None) -> dict[str, float]:
     """Start one process per (target, args) entry (each sends ("ready", {startup figures}) when
-    warm; they go to `startup`), then alternate them `rounds` times; median rates."""
+    warm; they go to `startup`), then alternate them `rounds` times; median rates. A target that
+    is a list is a command (another Python: `_CommandWorker`), its args appended to it."""
     ctx = mp.get_context("spawn")
     conns, procs = {}, []
     startup = {} if startup is None else startup
     for name, (target, args) in workers.items():
-        parent, child = ctx.Pipe()
-        p = ctx.Process(target=target, args=(*args, child), daemon=True)
-        p.start()
+        if isinstance(target, list):
+            parent = p = _CommandWorker(name, [*target, *map(str, args)])
+        else:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=target, args=(*args, child), daemon=True)
+            p.start()
         conns[name], procs = parent, procs + [p]
         ready = parent.recv()
         if not (isinstance(ready, tuple) and ready[0] == "ready"):
@@ -131,13 +172,16 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
     return {n: statistics.median(v) for n, v in rates.items()}
 
 
-def _kinds(bf16: bool, onnx: bool, only: str | None) -> list[str]:
+def _kinds(bf16: bool, onnx: bool, only: str | None, st_python: str | None = None) -> list[str]:
     """The rows to run: the flags' sets, or those `only` names (sentence_transformers always: the baseline)."""
     if only is None:
-        return [*ALL_KINDS[:3], *(ALL_KINDS[3:5] if bf16 else ()), *(ONNX_KINDS if onnx else ())]
+        return [*ALL_KINDS[:3], *(ALL_KINDS[3:5] if bf16 else ()), *(ONNX_KINDS if onnx else ()),
+                *(ST_BACKEND_KINDS if st_python else ())]
     wanted = {k.strip() for k in only.split(",") if k.strip()}
     if wanted - set(ALL_KINDS):
         raise ValueError(f"--only {sorted(wanted - set(ALL_KINDS))}: unknown rows; choose from {', '.join(ALL_KINDS)}")
+    if wanted & set(ST_BACKEND_KINDS) and not st_python:
+        raise ValueError(f"--only {sorted(wanted & set(ST_BACKEND_KINDS))}: these rows need --st_python")
     return [k for k in ALL_KINDS if k in wanted or k == "sentence_transformers"]
 
 
@@ -166,11 +210,15 @@ def main(argv=None):
     parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime (float32, int8) and OpenVINO (float32, bf16), padded and packed")
     parser.add_argument("--only", default=None, help="comma-separated rows to run instead of the flags' sets "
                         "(sentence_transformers always runs); rows: " + ", ".join(ALL_KINDS))
+    parser.add_argument("--st_python", default=None, help="a Python with sentence-transformers' ONNX / OpenVINO backends "
+                        "(they need transformers 4: another environment); adds their rows: " + ", ".join(ST_BACKEND_KINDS))
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
     try:
-        kinds = _kinds(args.bf16, args.onnx, args.only)
+        kinds = _kinds(args.bf16, args.onnx, args.only, args.st_python)
+        if args.st_python and not os.access(args.st_python, os.X_OK):
+            raise ValueError(f"--st_python {args.st_python}: not an executable file")
     except ValueError as e:
         parser.error(str(e))  # exit 2, before any work
 
@@ -185,15 +233,26 @@ def main(argv=None):
             onnx_paths = _export_graphs(model_dir, kinds, tmp)
             print(f"ONNX export ({', '.join(sorted(onnx_paths))}): {time.perf_counter() - start:.0f} s", flush=True)
         common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
+        workers = {k: (_worker, (k, *common)) for k in kinds}
+        if any(k in ST_BACKEND_KINDS for k in kinds):
+            data_json = os.path.join(tmp, "sentences.json")
+            s1, s2, gold = read_sts_pairs(os.path.join(args.data_dir or default_data_dir(), "stsb", "test.tsv"))
+            with open(data_json, "w") as f:
+                json.dump({"sentences": sentences, "s1": s1, "s2": s2, "gold": list(map(float, gold))}, f)
+            workers.update({k: ([args.st_python, ST_BACKEND_WORKER], (k, model_dir, threads, args.batch_size, data_json))
+                            for k in kinds if k in ST_BACKEND_KINDS})
         startup: dict = {}
-        med = run_side_by_side({k: (_worker, (k, *common)) for k in kinds}, args.rounds, count=len(sentences), startup=startup)
+        med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup)
     print(f"model={model_dir} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
     for n, v in med.items():
         s = startup[n]
-        warm = f", warm_up() {s['warm_up_s']:.1f} s" if s["warm_up_s"] else ""
+        warm = f", warm_up() {s['warm_up_s']:.1f} s" if s.get("warm_up_s") else ""
         warm += f", OpenVINO ran {s['runtime_precision']}" if "runtime_precision" in s else ""
         print(f"{n}: {v:.1f} sentences/s (median); first call from cold {s['first_call_s']:.2f} s{warm}; "
               f"STS-B test {s['stsb_test']:.2f}")
+    st_versions = {startup[n]["versions"] for n in med if "versions" in startup[n]}
+    for v in st_versions:
+        print(f"sentence-transformers' ONNX / OpenVINO rows ran on: {v}")
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
