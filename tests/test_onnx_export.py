@@ -4,12 +4,14 @@ Runtime) and bfloat16 (OpenVINO) stay within 0.2 Spearman x 100 of float32 on ST
 the same pairs)."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 import scipy.stats
 
@@ -56,6 +58,12 @@ def test_onnx_float32_equals_ours_and_int8_keeps_stsb(exported, stsb_test):
     assert full == pytest.approx(82.03, abs=0.01)  # MTEB's published STS-B test figure for this model
     assert abs(low - full) <= 0.2
     assert np.abs(int8.encode(texts) - model.encode(texts)).max() > 1e-4  # it is another model (int8 weights)
+    # Every product with a weight matrix is int8: 6 layers x (q, k, v, out, 2 FFN); the 12 attention
+    # products (activations x activations) stay float. jax2onnx's Einsums, which the quantiser skips,
+    # were rewritten as MatMul in the float32 graphs.
+    for graph, counts in ((path, (48, 0)), (packed_path, (48, 0)), (quantized, (12, 36)), (packed_int8, (12, 36))):
+        ops = collections.Counter(node.op_type for node in onnx.load(graph, load_external_data=False).graph.node)
+        assert (ops["MatMul"], ops["MatMulInteger"], ops["Einsum"]) == (*counts, 0), graph
     # int8 on the packed graph: packed blocks, int8 weights, the same quality bound.
     assert packed_int8.endswith("model_packed_qint8.onnx")
     int8_packed = onnx_encoder(model, packed_int8)
