@@ -52,7 +52,7 @@ def test_only_the_graphs_the_rows_run_are_exported(monkeypatch, tmp_path, rows, 
 
 
 def test_sentence_transformers_backend_rows_need_another_python():
-    assert bench._kinds(False, False, None, "/env/bin/python")[-3:] == list(bench.ST_BACKEND_KINDS)
+    assert bench._kinds(False, False, None, "/env/bin/python")[3:] == list(bench.ST_BACKEND_KINDS)
     assert bench._kinds(False, False, "sentence_transformers_onnx_int8", "/env/bin/python") == [
         "sentence_transformers", "sentence_transformers_onnx_int8"]
     with pytest.raises(ValueError, match=r"\['sentence_transformers_onnx_int8'\]: these rows need --st_python"):

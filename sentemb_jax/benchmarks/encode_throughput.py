@@ -49,7 +49,8 @@ ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_i
               "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
               "sentemb_jax_openvino_bf16_packed")
 # sentence-transformers' own ONNX / OpenVINO backends: another Python runs them (--st_python).
-ST_BACKEND_KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino")
+ST_BACKEND_KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino",
+                    "sentence_transformers_openvino_bf16")
 ALL_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_bf16", "sentence_transformers_bf16",
              *ONNX_KINDS, *ST_BACKEND_KINDS)
 ST_BACKEND_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "st_backend_worker.py")

@@ -10,7 +10,7 @@ rows. This file imports nothing of sentemb_jax: it runs where sentemb_jax is not
 
 KIND: sentence_transformers_onnx (float32), sentence_transformers_onnx_int8
 (`export_dynamic_quantized_onnx_model`, the config for this CPU: avx512_vnni / avx512 / avx2),
-sentence_transformers_openvino (float32). DATA_JSON: {"sentences", "s1", "s2", "gold"}.
+sentence_transformers_openvino (float32), sentence_transformers_openvino_bf16 (its bf16 hint). DATA_JSON: {"sentences", "s1", "s2", "gold"}.
 Protocol, one JSON value a line: it prints {"ready": {first_call_s, stsb_test, versions}} once warm,
 then answers each "run" on stdin with the seconds one encode of the sentences took; "stop" ends it.
 Library output goes to stderr.
@@ -31,7 +31,8 @@ import scipy.stats
 import torch
 from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
-KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino")
+KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino",
+         "sentence_transformers_openvino_bf16")
 
 
 def quantization_config() -> str:
@@ -46,9 +47,11 @@ def load(kind: str, model_dir: str, threads: int, work_dir: str):
     """The model of `kind`, from a copy of model_dir (the export and quantisation write beside it)."""
     torch.set_num_threads(threads)
     local = shutil.copytree(model_dir, f"{work_dir}/model")
-    if kind == "sentence_transformers_openvino":
+    if kind.startswith("sentence_transformers_openvino"):
+        # Its default precision is OpenVINO's: bfloat16 where the CPU has bf16 units, so say which.
+        hint = "bf16" if kind.endswith("bf16") else "f32"
         return SentenceTransformer(local, device="cpu", backend="openvino",
-                                   model_kwargs={"ov_config": {"INFERENCE_NUM_THREADS": threads}})
+                                   model_kwargs={"ov_config": {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": hint}})
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     model = SentenceTransformer(local, device="cpu", backend="onnx", model_kwargs={"session_options": options})
@@ -96,6 +99,8 @@ def main(argv: list[str]) -> None:
         first = time.perf_counter() - start
         stsb = stsb_spearman(model, data["s1"], data["s2"], data["gold"], batch_size)
         ready = {"first_call_s": first, "stsb_test": stsb, "versions": versions()}
+        if kind.startswith("sentence_transformers_openvino"):  # the precision OpenVINO chose on this machine
+            ready["runtime_precision"] = model[0].auto_model.request.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         print(json.dumps({"ready": ready}), file=protocol, flush=True)
         for line in sys.stdin:
             if line.strip() != "run":
