@@ -19,8 +19,9 @@ output with its Normalize module if it has one); tokenisation stays in Python (o
 to end in rows, `sentemb_jax.inference`; inputs `input_ids`, `segment_ids`, `positions` [rows,
 row_length] and `token_index`, `token_mask` [texts, width], all dynamic): the runtimes then get
 packed blocks (fewer token slots, as `SentenceEncoder.packed`) and give the same embeddings.
-`quantize="int8"` adds ONNX Runtime's dynamic quantisation (int8 weights, activations quantised
-per batch at run time: the VNNI / AMX-INT8 instructions where the CPU has them), as
+`quantize="int8"` adds ONNX Runtime's dynamic quantisation (int8 weights per output channel,
+activations quantised per batch at run time: the VNNI / AMX-INT8 instructions where the CPU has
+them; the Einsums jax2onnx writes are first rewritten as MatMul, which the quantiser handles), as
 sentence-transformers' `export_dynamic_quantized_onnx_model` does for its ONNX backend.
 `openvino_encoder(..., precision="bf16")` runs the float32 graph in OpenVINO with bfloat16
 inference precision: AMX / AVX512-BF16 where the CPU has them; where it has neither, OpenVINO
