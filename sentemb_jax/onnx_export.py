@@ -120,15 +120,15 @@ def _einsums_to_matmuls(path: str) -> None:
         if node.op_type != "Einsum" or equation not in _EINSUM_AS_MATMUL:
             nodes.append(node)
             continue
-        perms, operands = _EINSUM_AS_MATMUL[equation], list(node.input)
-        for i, perm in enumerate(perms[:2]):
+        perms, operands, out = _EINSUM_AS_MATMUL[equation], list(node.input), node.output[0]
+        for i, perm in enumerate(perms[:2]):  # new values are named after the output: unique, as every output
             if perm:
-                nodes.append(onnx.helper.make_node("Transpose", [operands[i]], [f"{node.name}_t{i}"], perm=perm))
-                operands[i] = f"{node.name}_t{i}"
-        product = f"{node.name}_product" if perms[2] else node.output[0]
+                nodes.append(onnx.helper.make_node("Transpose", [operands[i]], [f"{out}__operand{i}"], perm=perm))
+                operands[i] = f"{out}__operand{i}"
+        product = f"{out}__product" if perms[2] else out
         nodes.append(onnx.helper.make_node("MatMul", operands, [product], name=node.name))
         if perms[2]:
-            nodes.append(onnx.helper.make_node("Transpose", [product], [node.output[0]], perm=perms[2]))
+            nodes.append(onnx.helper.make_node("Transpose", [product], [out], perm=perms[2]))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, path)

@@ -10,7 +10,8 @@ rows. This file imports nothing of sentemb_jax: it runs where sentemb_jax is not
 
 KIND: sentence_transformers_onnx (float32), sentence_transformers_onnx_int8
 (`export_dynamic_quantized_onnx_model`, the config for this CPU: avx512_vnni / avx512 / avx2),
-sentence_transformers_openvino (float32), sentence_transformers_openvino_bf16 (its bf16 hint). DATA_JSON: {"sentences", "s1", "s2", "gold"}.
+sentence_transformers_openvino (float32), sentence_transformers_openvino_bf16 (its bf16 hint).
+DATA_JSON: {"sentences", "s1", "s2", "gold"}.
 Protocol, one JSON value a line: it prints {"ready": {first_call_s, stsb_test, versions}} once warm,
 then answers each "run" on stdin with the seconds one encode of the sentences took; "stop" ends it.
 Library output goes to stderr.
