@@ -58,6 +58,11 @@ QUANTIZATIONS = (None, "int8")
 PACKING_INPUTS = ("segment_ids", "positions", "token_index", "token_mask")
 
 
+def graph_path(out_dir: str, packed: bool = False, quantize: str | None = None) -> str:
+    """Where export_onnx writes a graph: model.onnx, model_packed.onnx, and their `_qint8` forms."""
+    return os.path.join(out_dir, ("model_packed" if packed else "model") + ("_qint8" if quantize else "") + ".onnx")
+
+
 def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = None, packed: bool = False) -> str:
     """Write `out_dir`/model.onnx (packed: model_packed.onnx; + .data, the weights) and, with
     quantize='int8', its `_qint8` form; returns the path of the model to run."""
@@ -68,8 +73,7 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
     for name in ("jax2onnx", "onnx_ir"):
         logging.getLogger(name).setLevel(logging.ERROR)
     os.makedirs(out_dir, exist_ok=True)
-    name = "model_packed" if packed else "model"
-    path = os.path.join(out_dir, f"{name}.onnx")
+    path = graph_path(out_dir, packed)
     params, module = encoder.params, encoder.module
     if packed:
         rows, texts = (jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (("rows", "row_length"), ("texts", "width")))
@@ -86,7 +90,7 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
     _einsums_to_matmuls(path)
     if quantize is None:
         return path
-    quantized = os.path.join(out_dir, f"{name}_qint8.onnx")
+    quantized = graph_path(out_dir, packed, quantize)
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # its advice to pre-process the graph (shape inference) goes to the root logger

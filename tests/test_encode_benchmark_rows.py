@@ -42,7 +42,9 @@ def test_only_the_graphs_the_rows_run_are_exported(monkeypatch, tmp_path, rows, 
         name = "model_packed" if packed else "model"
         return os.path.join(out_dir, f"{name}_qint8.onnx" if quantize else f"{name}.onnx")
 
-    monkeypatch.setattr(bench, "_onnx_export", lambda: types.SimpleNamespace(export_onnx=export_onnx))
+    from sentemb_jax.onnx_export import graph_path
+
+    monkeypatch.setattr(bench, "_onnx_export", lambda: types.SimpleNamespace(export_onnx=export_onnx, graph_path=graph_path))
     monkeypatch.setattr(bench.SentenceEncoder, "from_pretrained", classmethod(lambda cls, path: object()))
     paths = bench._export_graphs("model_dir", ["sentence_transformers", *rows], str(tmp_path))
     assert calls == exports

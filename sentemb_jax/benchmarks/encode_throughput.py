@@ -45,23 +45,24 @@ from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16")
+BASE_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers")  # every run
+BF16_KINDS = ("sentemb_jax_bf16", "sentence_transformers_bf16")  # --bf16
 ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
               "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
               "sentemb_jax_openvino_bf16_packed")
 # sentence-transformers' own ONNX / OpenVINO backends: another Python runs them (--st_python).
 ST_BACKEND_KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino",
                     "sentence_transformers_openvino_bf16")
-ALL_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_bf16", "sentence_transformers_bf16",
-             *ONNX_KINDS, *ST_BACKEND_KINDS)
+ALL_KINDS = (*BASE_KINDS, *BF16_KINDS, *ONNX_KINDS, *ST_BACKEND_KINDS)
 ST_BACKEND_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "st_backend_worker.py")
 # float32 paths of ours: the headline ratio takes the fastest.
 OURS_F32 = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_openvino",
             "sentemb_jax_openvino_packed")
 
 
-def _load_sentences(data_dir: str | None) -> list[str]:
-    s1, s2, _ = read_sts_pairs(os.path.join(data_dir or default_data_dir(), "stsb", "test.tsv"))
-    return s1 + s2
+def _stsb_test_pairs(data_dir: str | None):
+    """STS-B test (sentences 1, sentences 2, gold): both columns are the sentences encoded."""
+    return read_sts_pairs(os.path.join(data_dir or default_data_dir(), "stsb", "test.tsv"))
 
 
 def _stsb_test(model, data_dir: str | None) -> float:
@@ -176,7 +177,7 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
 def _kinds(bf16: bool, onnx: bool, only: str | None, st_python: str | None = None) -> list[str]:
     """The rows to run: the flags' sets, or those `only` names (sentence_transformers always: the baseline)."""
     if only is None:
-        return [*ALL_KINDS[:3], *(ALL_KINDS[3:5] if bf16 else ()), *(ONNX_KINDS if onnx else ()),
+        return [*BASE_KINDS, *(BF16_KINDS if bf16 else ()), *(ONNX_KINDS if onnx else ()),
                 *(ST_BACKEND_KINDS if st_python else ())]
     wanted = {k.strip() for k in only.split(",") if k.strip()}
     if wanted - set(ALL_KINDS):
@@ -189,17 +190,18 @@ def _kinds(bf16: bool, onnx: bool, only: str | None, st_python: str | None = Non
 def _export_graphs(model_dir: str, kinds: list[str], out_dir: str) -> dict:
     """Export the ONNX graphs the ONNX Runtime / OpenVINO rows need (padded and/or packed; int8 beside
     float32 when an int8 row runs); {'f32' | 'int8' | 'packed_f32' | 'packed_int8': path}."""
-    paths, export_onnx, encoder = {}, _onnx_export().export_onnx, None
-    for prefix, rows in (("", [k for k in kinds if k in ONNX_KINDS and "packed" not in k]),
-                         ("packed_", [k for k in kinds if k in ONNX_KINDS and "packed" in k])):
+    paths, onnx_export, encoder = {}, _onnx_export(), None
+    for packed in (False, True):
+        rows = [k for k in kinds if k in ONNX_KINDS and ("packed" in k) == packed]
         if not rows:
             continue
         encoder = encoder or SentenceEncoder.from_pretrained(model_dir)
-        int8 = any("int8" in k for k in rows)
-        path = export_onnx(encoder, out_dir, quantize="int8" if int8 else None, packed=bool(prefix))
-        paths[prefix + "f32"] = os.path.join(out_dir, "model_packed.onnx" if prefix else "model.onnx")
-        if int8:
-            paths[prefix + "int8"] = path
+        quantize = "int8" if any("int8" in k for k in rows) else None
+        prefix = "packed_" if packed else ""
+        path = onnx_export.export_onnx(encoder, out_dir, quantize=quantize, packed=packed)
+        paths[prefix + "f32"] = onnx_export.graph_path(out_dir, packed)  # written beside the int8 form
+        if quantize:
+            paths[prefix + quantize] = path
     return paths
 
 
@@ -225,7 +227,8 @@ def main(argv=None):
 
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
-    sentences = _load_sentences(args.data_dir)
+    s1, s2, gold = _stsb_test_pairs(args.data_dir)
+    sentences = s1 + s2
     threads = usable_cores()  # XLA's CPU client uses every core it may; give torch the same
     with tempfile.TemporaryDirectory() as tmp:
         onnx_paths = {}
@@ -237,7 +240,6 @@ def main(argv=None):
         workers = {k: (_worker, (k, *common)) for k in kinds}
         if any(k in ST_BACKEND_KINDS for k in kinds):
             data_json = os.path.join(tmp, "sentences.json")
-            s1, s2, gold = read_sts_pairs(os.path.join(args.data_dir or default_data_dir(), "stsb", "test.tsv"))
             with open(data_json, "w") as f:
                 json.dump({"sentences": sentences, "s1": s1, "s2": s2, "gold": list(map(float, gold))}, f)
             workers.update({k: ([args.st_python, ST_BACKEND_WORKER], (k, model_dir, threads, args.batch_size, data_json))
