@@ -49,7 +49,7 @@ from sentemb_jax.encoder import (
     _within_positions,
     _write_json,
 )
-from sentemb_jax.inference import run_length_sorted, run_packed
+from sentemb_jax.inference import DeviceParams, run_length_sorted, run_packed
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -78,6 +78,8 @@ _OUR_LAYOUT_NOTE = ("sentemb_jax cross-encoder layout (T5: the pair is one text,
 
 class CrossEncoder:
     """Tokenizer + Flax CrossEncoderModule + params {"backbone": ..., "head": ...}."""
+
+    params = DeviceParams()
 
     def __init__(self, module: CrossEncoderModule, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None):
         self.module, self.params, self.tokenizer, self.hf_config = module, params, tokenizer, hf_config or {}
@@ -171,13 +173,13 @@ class CrossEncoder:
             return np.zeros((0,), np.float32)
         ids, types = self.tokenize(pairs)
         if self.packed and all(ids):
-            out = run_packed(ids, batch_size, lambda arrays: self._logits_packed(self.params, arrays), (), self.tokenizer.pad_id,
+            out = run_packed(ids, batch_size, lambda arrays: self._logits_packed(self.params, jax.device_put(arrays)), (), self.tokenizer.pad_id,
                              extras=None if types is None else {"token_type_ids": types}, buckets=self.tokenizer.buckets,
                              desc="predict")
         else:
             def logits(chunk, rows):
                 feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
-                return self._logits(self.params, feats)
+                return self._logits(self.params, jax.device_put(feats))
 
             out = run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
         return 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out

@@ -18,6 +18,7 @@ import logging
 import numbers
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -276,7 +277,7 @@ def finish_sentence_embeddings(out: np.ndarray, *, truncate_dim: int | None, nor
 def finish_token_embeddings(rows: list[np.ndarray], precision: str, single: bool):
     """Token embeddings [tokens_i, hidden] per text: JAX arrays, or numpy arrays once quantised (with
     ranges shared by all texts' tokens), as sentence-transformers returns them."""
-    result = quantize_embeddings(rows, precision) if precision != "float32" else [jnp.asarray(r) for r in rows]
+    result = quantize_embeddings(rows, precision) if precision != "float32" else [jax.device_put(r) for r in rows]
     return result[0] if single else result
 
 

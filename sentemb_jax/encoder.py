@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoints import CheckpointError
-from sentemb_jax.inference import run_length_sorted, run_packed
+from sentemb_jax.inference import DeviceParams, run_length_sorted, run_packed
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
@@ -193,6 +193,8 @@ class SentenceEncoder(contract.ModelSettings):
     """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params, with
     sentence-transformers' model-level settings (prompts, default_prompt_name, similarity_fn_name,
     truncate_dim: `encode_contract.ModelSettings`) and its `similarity` / `similarity_pairwise`."""
+
+    params = DeviceParams()
 
     def __init__(self, module: SentenceEmbedder, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None,
                  **settings):
@@ -407,12 +409,12 @@ class SentenceEncoder(contract.ModelSettings):
     def _embed_token_lists(self, ids: list[list[int]], batch_size: int, show: bool = False) -> np.ndarray:
         dim = self.get_sentence_embedding_dimension()
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: self._embed_packed(self.params, arrays), (dim,),
+            return run_packed(ids, batch_size, lambda arrays: self._embed_packed(self.params, jax.device_put(arrays)), (dim,),
                               self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
 
         def embed(chunk, rows):
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
-            return self._embed(self.params, batch["input_ids"], batch["attention_mask"])
+            return self._embed(self.params, *jax.device_put((batch["input_ids"], batch["attention_mask"])))
 
         return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
 
@@ -441,7 +443,7 @@ class SentenceEncoder(contract.ModelSettings):
         for start in tqdm(range(0, len(ids), batch_size), desc="encode", disable=not show, unit="batch"):
             chunk = order[start : start + batch_size]
             batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
-            hidden = np.asarray(self._tokens(self.params, batch["input_ids"], batch["attention_mask"]))
+            hidden = np.asarray(self._tokens(self.params, *jax.device_put((batch["input_ids"], batch["attention_mask"]))))
             for row, i in enumerate(chunk):
                 out[i] = hidden[row, : len(ids[i])]
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -29,6 +30,24 @@ from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 PACK_ROW_LENGTH = 64
 TOKENS_PER_TEXT = 24
 TEXTS_PER_BATCH_TEXT = 4
+
+
+class DeviceParams:
+    """The `params` attribute of an inference model (SentenceEncoder, CrossEncoder), held on the
+    device: the host (numpy) leaves of a tree assigned to it are put on the default device once.
+    A jitted call given numpy arrays copies each of them to the device on every call: for MiniLM
+    its 103 leaves per block, 8-12% of encode time on 2 cores (docs/RESULTS.md, issue 33). Leaves
+    already on devices (a trained, possibly sharded state) stay where they are."""
+
+    def __set_name__(self, owner, name: str):
+        self.slot = "_" + name
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else obj.__dict__[self.slot]
+
+    def __set__(self, obj, tree) -> None:
+        obj.__dict__[self.slot] = jax.tree_util.tree_map(
+            lambda leaf: jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)
 
 
 def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_tail: tuple = (),

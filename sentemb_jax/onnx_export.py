@@ -44,6 +44,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import onnx
 import onnxruntime as ort
 import onnxruntime.quantization as ortq
@@ -205,8 +206,9 @@ def _with_forward(encoder: SentenceEncoder, forward, input_names: set[str]) -> S
     + PACKING_INPUTS). Everything else in `encode` stays the encoder's own."""
     clone = copy.copy(encoder)
     clone.packed = "segment_ids" in input_names
+    host = lambda inputs: forward({k: np.asarray(v) for k, v in inputs.items()})  # noqa: E731 - encode puts them on the JAX device
     if clone.packed:
-        clone._embed_packed = lambda _params, arrays: forward({"input_ids": arrays["input_ids"], **arrays["packing"]})
+        clone._embed_packed = lambda _params, arrays: host({"input_ids": arrays["input_ids"], **arrays["packing"]})
     else:
-        clone._embed = lambda _params, ids, mask: forward({"input_ids": ids, "attention_mask": mask})
+        clone._embed = lambda _params, ids, mask: host({"input_ids": ids, "attention_mask": mask})
     return clone

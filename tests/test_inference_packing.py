@@ -3,6 +3,7 @@ end in rows give the padded path's results (max |diff| <= 1e-5), on the shipped 
 encoders (mean and encoder-decoder first token) and cross-encoders with token types."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from hf_models import make_t5
@@ -107,3 +108,41 @@ def test_warm_up_compiles_the_shapes_encode_then_uses(minilm_dir, stsb_test, pac
     texts = s1[:120] + s2[:40] + [LONG]  # LONG is cut to 40 tokens
     model.encode(texts, batch_size=8)
     assert jitted._cache_size() == compiled
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_inference_transfers_only_its_token_arrays(minilm_dir, stsb_test, packed):
+    """Params live on the device (inference.DeviceParams): encode and predict send only their token
+    arrays, explicitly. A numpy params tree given to a jitted call would be copied on every call;
+    with implicit host-to-device transfers disallowed every inference path still runs, with the
+    same results."""
+    s1, s2, _ = stsb_test
+    texts, pairs = s1[:40] + [LONG], list(zip(s1[:30], s2[:30]))
+    encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40)
+    cross = CrossEncoder.from_pretrained(minilm_dir, seed=1)
+    encoder.packed = cross.packed = packed
+    for model in (encoder, cross):
+        assert all(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(model.params))
+    want = (encoder.encode(texts, batch_size=16), encoder.encode(texts[:9], output_value="token_embeddings"),
+            cross.predict(pairs, batch_size=16))
+    with jax.transfer_guard_host_to_device("disallow"):
+        got = (encoder.encode(texts, batch_size=16), encoder.encode(texts[:9], output_value="token_embeddings"),
+               cross.predict(pairs, batch_size=16))
+    np.testing.assert_array_equal(got[0], want[0])
+    assert all(np.array_equal(g, w) for g, w in zip(got[1], want[1], strict=True))
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_device_params_puts_host_leaves_once_and_keeps_device_ones(minilm_dir):
+    encoder = SentenceEncoder.from_pretrained(minilm_dir)
+    on_device = encoder.params
+    encoder.params = on_device  # already on the device: the very same arrays
+    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(encoder.params), jax.tree_util.tree_leaves(on_device)))
+    host = jax.device_get(on_device)
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(host))
+    encoder.params = host
+    for got, want in zip(jax.tree_util.tree_leaves(encoder.params), jax.tree_util.tree_leaves(host), strict=True):
+        assert isinstance(got, jax.Array) and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)
+    encoder.params = None  # a tower the train loop initialises
+    assert encoder.params is None
