@@ -45,6 +45,33 @@ def partitioned(init: Callable, axes: Sequence[str | None]) -> Callable:
     return nn.with_logical_partitioning(init, tuple(axes))
 
 
+@jax.custom_vjp
+def accumulated_dot(x: Array, kernel: Array) -> Array:
+    """x [..., in] @ kernel [in, out] in their (shared) dtype, accumulated and returned in float32.
+
+    Forward: XLA:CPU runs a bfloat16 product on the CPU's bf16 units (AVX512_BF16 / AMX, through
+    YNNPACK) only when its result is float32: a bfloat16 result falls back to float32 kernels, at
+    half the speed (MiniLM bf16 encode 419 -> 840 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
+    TPUs accumulate in float32 anyway. Backward: the products autodiff gives `jnp.dot` in the
+    operands' dtype - differentiating through the float32 result would instead make every
+    gradient product float32 x bfloat16 (and its cotangents twice as large)."""
+    return jnp.dot(x, kernel, preferred_element_type=jnp.float32)
+
+
+def _accumulated_dot_fwd(x: Array, kernel: Array):
+    return accumulated_dot(x, kernel), (x, kernel)
+
+
+def _accumulated_dot_bwd(residuals, g: Array):
+    x, kernel = residuals
+    g = g.astype(x.dtype)
+    batch = tuple(range(x.ndim - 1))
+    return jnp.dot(g, kernel.T), jnp.tensordot(x, g, axes=(batch, batch))
+
+
+accumulated_dot.defvjp(_accumulated_dot_fwd, _accumulated_dot_bwd)
+
+
 class Dense(nn.Module):
     """A Dense layer whose kernel (and bias) carry logical axis names."""
 
@@ -60,11 +87,11 @@ class Dense(nn.Module):
         kernel = self.param(
             "kernel", partitioned(self.kernel_init, self.kernel_axes), (x.shape[-1], self.features), self.param_dtype
         )
-        y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        y = accumulated_dot(x.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             bias = self.param("bias", partitioned(nn.initializers.zeros, self.kernel_axes[-1:]), (self.features,), self.param_dtype)
-            y = y + bias.astype(self.dtype)
-        return y
+            y = y + bias.astype(jnp.float32)
+        return y.astype(self.dtype)
 
 
 class Embed(nn.Module):
