@@ -41,7 +41,7 @@ def test_gradients_equal_jnp_dots_in_the_operands_dtype(dtype):
     # through the float32 result would give)
     grad_jaxpr = jax.make_jaxpr(jax.grad(_loss(accumulated_dot, dtype), argnums=(0, 1)))(x, w).jaxpr
     dots = [e for e in grad_jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert len(dots) == 2
+    assert len(dots) == (3 if dtype == jnp.float32 else 2)  # float32: jnp.dot itself, its forward product inline
     assert all(v.aval.dtype == dtype for e in dots for v in e.invars)
 
 

@@ -5,7 +5,7 @@
 
 Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
 and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
-bfloat16 (ours: `from_pretrained(dtype="bfloat16")`, XLA; theirs: `model.bfloat16()`); --onnx adds
+bfloat16 (ours: `from_pretrained(dtype="bfloat16")`, XLA, padded and packed; theirs: `model.bfloat16()`); --onnx adds
 ours exported to ONNX (sentemb_jax.onnx_export) run by ONNX Runtime (float32; int8 dynamic
 quantisation) and by OpenVINO (float32; bfloat16 precision hint), each also on the packed export
 (`export_onnx(packed=True)`: packed blocks, as `SentenceEncoder.packed`). Every row has its STS-B test
@@ -44,9 +44,9 @@ from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 
-JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16")
+JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16", "sentemb_jax_bf16_packed")
 BASE_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers")  # every run
-BF16_KINDS = ("sentemb_jax_bf16", "sentence_transformers_bf16")  # --bf16
+BF16_KINDS = ("sentemb_jax_bf16", "sentemb_jax_bf16_packed", "sentence_transformers_bf16")  # --bf16
 ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
               "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
               "sentemb_jax_openvino_bf16_packed")

@@ -45,31 +45,36 @@ def partitioned(init: Callable, axes: Sequence[str | None]) -> Callable:
     return nn.with_logical_partitioning(init, tuple(axes))
 
 
-@jax.custom_vjp
 def accumulated_dot(x: Array, kernel: Array) -> Array:
     """x [..., in] @ kernel [in, out] in their (shared) dtype, accumulated and returned in float32.
 
     Forward: XLA:CPU runs a bfloat16 product on the CPU's bf16 units (AVX512_BF16 / AMX, through
     YNNPACK) only when its result is float32: a bfloat16 result falls back to float32 kernels, at
-    half the speed (MiniLM bf16 encode 419 -> 840 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
-    TPUs accumulate in float32 anyway. Backward: the products autodiff gives `jnp.dot` in the
+    half the speed (MiniLM bf16 encode 419 -> 837 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
+    TPUs accumulate in float32 anyway. Backward: the products autodiff gives `jnp.dot`, in the
     operands' dtype - differentiating through the float32 result would instead make every
-    gradient product float32 x bfloat16 (and its cotangents twice as large)."""
+    gradient product float32 x bfloat16 (and its cotangents twice as large). float32 operands
+    take `jnp.dot` itself."""
+    return jnp.dot(x, kernel) if x.dtype == jnp.float32 else _low_precision_dot(x, kernel)
+
+
+@jax.custom_vjp
+def _low_precision_dot(x: Array, kernel: Array) -> Array:
     return jnp.dot(x, kernel, preferred_element_type=jnp.float32)
 
 
-def _accumulated_dot_fwd(x: Array, kernel: Array):
-    return accumulated_dot(x, kernel), (x, kernel)
+def _low_precision_dot_fwd(x: Array, kernel: Array):
+    return _low_precision_dot(x, kernel), (x, kernel)
 
 
-def _accumulated_dot_bwd(residuals, g: Array):
+def _low_precision_dot_bwd(residuals, g: Array):
     x, kernel = residuals
     g = g.astype(x.dtype)
     batch = tuple(range(x.ndim - 1))
     return jnp.dot(g, kernel.T), jnp.tensordot(x, g, axes=(batch, batch))
 
 
-accumulated_dot.defvjp(_accumulated_dot_fwd, _accumulated_dot_bwd)
+_low_precision_dot.defvjp(_low_precision_dot_fwd, _low_precision_dot_bwd)
 
 
 class Dense(nn.Module):
