@@ -37,7 +37,8 @@ class DeviceParams:
     device: the host (numpy) leaves of a tree assigned to it are put on the default device once.
     A jitted call given numpy arrays copies each of them to the device on every call: for MiniLM
     its 103 leaves per block, 8-12% of encode time on 2 cores (docs/RESULTS.md, issue 33). Leaves
-    already on devices (a trained, possibly sharded state) stay where they are."""
+    already on devices (a trained, possibly sharded state) stay where they are, and a tree with
+    no host leaf is kept as it is (the very same containers)."""
 
     def __set_name__(self, owner, name: str):
         self.slot = "_" + name
@@ -46,8 +47,9 @@ class DeviceParams:
         return self if obj is None else obj.__dict__[self.slot]
 
     def __set__(self, obj, tree) -> None:
-        obj.__dict__[self.slot] = jax.tree_util.tree_map(
-            lambda leaf: jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)
+        if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(tree)):
+            tree = jax.tree_util.tree_map(lambda leaf: jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)
+        obj.__dict__[self.slot] = tree
 
 
 def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_tail: tuple = (),
