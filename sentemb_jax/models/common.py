@@ -50,7 +50,7 @@ def accumulated_dot(x: Array, kernel: Array) -> Array:
 
     Forward: XLA:CPU runs a bfloat16 product on the CPU's bf16 units (AVX512_BF16 / AMX, through
     YNNPACK) only when its result is float32: a bfloat16 result falls back to float32 kernels, at
-    half the speed (MiniLM bf16 encode 419 -> 837 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
+    half the speed (MiniLM bf16 padded encode 419 -> 813 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
     TPUs accumulate in float32 anyway. Backward: the products autodiff gives `jnp.dot`, in the
     operands' dtype - differentiating through the float32 result would instead make every
     gradient product float32 x bfloat16 (and its cotangents twice as large). float32 operands
