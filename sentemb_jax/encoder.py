@@ -413,10 +413,14 @@ class SentenceEncoder(contract.ModelSettings):
                               self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
 
         def embed(chunk, rows):
-            batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
-            return self._embed(self.params, *jax.device_put((batch["input_ids"], batch["attention_mask"])))
+            return self._embed(self.params, *self._padded_on_device([ids[i] for i in chunk], rows))
 
         return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
+
+    def _padded_on_device(self, token_lists: list[list[int]], rows: int):
+        """(input_ids, attention_mask) of `token_lists` padded to `rows` rows, put on the device."""
+        batch = self.tokenizer.pad(token_lists, batch_size=rows)
+        return jax.device_put((batch["input_ids"], batch["attention_mask"]))
 
     def warm_up(self, batch_size: int = 64, max_length: int | None = None) -> int:
         """Compile encode's shapes before the first call (JAX compiles each new shape on first use):
@@ -442,8 +446,7 @@ class SentenceEncoder(contract.ModelSettings):
         out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
         for start in tqdm(range(0, len(ids), batch_size), desc="encode", disable=not show, unit="batch"):
             chunk = order[start : start + batch_size]
-            batch = self.tokenizer.pad([ids[i] for i in chunk], batch_size=rows)
-            hidden = np.asarray(self._tokens(self.params, *jax.device_put((batch["input_ids"], batch["attention_mask"]))))
+            hidden = np.asarray(self._tokens(self.params, *self._padded_on_device([ids[i] for i in chunk], rows)))
             for row, i in enumerate(chunk):
                 out[i] = hidden[row, : len(ids[i])]
         return out

@@ -35,14 +35,13 @@ def test_an_unknown_row_is_a_usage_error_before_any_work(capsys):
     (["sentemb_jax_packed"], [], set()),
 ])
 def test_only_the_graphs_the_rows_run_are_exported(monkeypatch, tmp_path, rows, exports, keys):
+    from sentemb_jax.onnx_export import graph_path  # the onnx extra: imported by this test only
+
     calls = []
 
     def export_onnx(encoder, out_dir, quantize=None, packed=False):
         calls.append((quantize, packed))
-        name = "model_packed" if packed else "model"
-        return os.path.join(out_dir, f"{name}_qint8.onnx" if quantize else f"{name}.onnx")
-
-    from sentemb_jax.onnx_export import graph_path
+        return graph_path(out_dir, packed, quantize)
 
     monkeypatch.setattr(bench, "_onnx_export", lambda: types.SimpleNamespace(export_onnx=export_onnx, graph_path=graph_path))
     monkeypatch.setattr(bench.SentenceEncoder, "from_pretrained", classmethod(lambda cls, path: object()))
