@@ -119,3 +119,54 @@ w.main(["sentence_transformers_onnx", "unused", "2", "64", {str(data)!r}])
     # cosines: a·a = 1, b·c = 0.8, c·b = 0.8 against gold 5, 1, 2: ranks (3, 1.5, 1.5) vs (3, 1, 2)
     assert ready["stsb_test"] == pytest.approx(100 * 0.8660254, abs=1e-5)
     assert "a library line on stdout" in out.stderr and "a native line on fd 1" in out.stderr
+
+
+def test_xla_flags_reach_a_fresh_process_and_come_too_late_once_xla_has_started(tmp_path):
+    """--xla_flags workers set XLA_FLAGS before their backend starts: the flags act (--xla_dump_to writes
+    the compiled module there) beside the ones already set; after the start they would do nothing: refused."""
+    import subprocess
+    import sys
+
+    import jax.numpy as jnp
+
+    dump = tmp_path / "dump"
+    code = (f"from sentemb_jax.benchmarks import encode_throughput as b; b.set_xla_flags('--xla_dump_to={dump}'); "
+            "import os, jax; jax.jit(lambda x: x * 3)(1.0).block_until_ready(); print(os.environ['XLA_FLAGS'])")
+    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_enable_fast_math=false", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"--xla_cpu_enable_fast_math=false --xla_dump_to={dump}"
+    assert any(p.name.endswith(".txt") for p in dump.iterdir())
+    jnp.zeros(1).block_until_ready()  # this process's backend has started
+    with pytest.raises(RuntimeError, match="come too late: this process's XLA backend has started"):
+        bench.set_xla_flags("--xla_cpu_enable_fast_math=false")
+
+
+def test_flags_xla_refuses_are_a_usage_error_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--xla_flags=--xla_cpu_no_such_flag=1", "--data_dir", "/no/such/dir"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--xla_flags=--xla_cpu_no_such_flag=1: XLA refused them:" in err and "--xla_cpu_no_such_flag" in err.split("them:")[1]
+
+
+def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monkeypatch, capsys):
+    seen = {}
+
+    def side_by_side(workers, rounds, count=1, startup=None):
+        seen.update(workers)
+        startup.update({n: {"first_call_s": 1.0, "stsb_test": 82.0} for n in workers})
+        return {n: {"sentemb_jax_packed": 500.0, "sentence_transformers": 400.0}.get(n, 550.0) for n in workers}
+
+    monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
+    monkeypatch.setattr(bench, "check_xla_flags", lambda flags: None)
+    bench.main(["--only", "sentemb_jax_packed", "--xla_flags=--xla_cpu_use_onednn=true", "--xla_flags=--a=1 --b=2"])
+    assert list(seen) == ["sentemb_jax_packed", "sentence_transformers", "sentemb_jax_packed[--xla_cpu_use_onednn=true]",
+                          "sentemb_jax_packed[--a=1 --b=2]"]
+    # the same worker and arguments as the default row, with the flags as its last argument
+    for name, flags in [("sentemb_jax_packed", ""), ("sentemb_jax_packed[--a=1 --b=2]", "--a=1 --b=2")]:
+        assert seen[name][0] is bench._worker and seen[name][1][0] == "sentemb_jax_packed" and seen[name][1][-1] == flags
+    assert seen["sentemb_jax_packed"][1][1:-1] == seen["sentemb_jax_packed[--a=1 --b=2]"][1][1:-1]
+    out = capsys.readouterr().out.splitlines()
+    assert "sentemb_jax_packed[--a=1 --b=2] / sentemb_jax_packed = 1.10" in out
+    assert out[-1] == "ratio_vs_sentence_transformers=1.25"  # the headline stays the default configuration's

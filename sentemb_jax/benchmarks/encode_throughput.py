@@ -1,7 +1,7 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
     python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx] [--only ROWS]
-        [--st_python ENV/bin/python]
+        [--xla_flags=FLAGS ...] [--st_python ENV/bin/python]
 
 Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
 and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
@@ -18,6 +18,9 @@ alternates the workers round by round - one runs at a time - and prints sentence
 float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our exports); the
 line before it gives the JAX paths alone. --only runs the rows it names (and the baseline), exporting
 only the graphs they need: e.g. `--only sentemb_jax_packed,sentemb_jax_openvino_bf16_packed`.
+--xla_flags=FLAGS (repeatable) adds the default JAX row (packed) once more per value, its worker run under
+`XLA_FLAGS=FLAGS` (set before its XLA backend starts; checked first: flags XLA refuses are a usage error),
+alternating with the others: an XLA setting judged side by side, not across runs (drift on a shared host).
 --st_python adds sentence-transformers' own ONNX Runtime (float32, int8 dynamic quantisation) and
 OpenVINO backends, run by that interpreter (`st_backend_worker.py`): they need optimum and so
 transformers 4, another environment (`python -m venv ENV && ENV/bin/pip install
@@ -31,6 +34,7 @@ import multiprocessing as mp
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -77,8 +81,36 @@ def _onnx_export():
     return onnx_export
 
 
+def flagged_row(flags: str) -> str:
+    """The name of the default JAX row run under XLA_FLAGS=flags (--xla_flags)."""
+    return f"sentemb_jax_packed[{flags}]"
+
+
+def check_xla_flags(flags: str) -> None:
+    """ValueError unless a fresh Python starts XLA's CPU backend under XLA_FLAGS=flags (XLA aborts the
+    process on a flag it does not know: found here, before any work, not in a worker)."""
+    env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+    probe = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"], env=env,
+                           capture_output=True, text=True, timeout=300)
+    if probe.returncode:
+        why = (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+        raise ValueError(f"--xla_flags={flags}: XLA refused them: {why}")
+
+
+def set_xla_flags(flags: str) -> None:
+    """Append `flags` to XLA_FLAGS for this process; XLA reads them when its backend starts, so after
+    that they would silently do nothing: refused then."""
+    from jax._src import xla_bridge  # no public API says whether the backend has started
+
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError(f"XLA_FLAGS {flags!r} come too late: this process's XLA backend has started")
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+
+
 def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str], batch_size: int, threads: int,
-            onnx_paths: dict, conn) -> None:
+            onnx_paths: dict, xla_flags: str, conn) -> None:
+    if xla_flags:
+        set_xla_flags(xla_flags)
     warm, extra = 0.0, {}
     bf16, packed = "bf16" in kind, "packed" in kind
     if kind.startswith("sentence_transformers"):
@@ -215,6 +247,8 @@ def main(argv=None):
                         "(sentence_transformers always runs); rows: " + ", ".join(ALL_KINDS))
     parser.add_argument("--st_python", default=None, help="a Python with sentence-transformers' ONNX / OpenVINO backends "
                         "(they need transformers 4: another environment); adds their rows: " + ", ".join(ST_BACKEND_KINDS))
+    parser.add_argument("--xla_flags", action="append", default=[], metavar="FLAGS",
+                        help="also the packed JAX row under XLA_FLAGS=FLAGS, side by side (repeatable; write --xla_flags=...)")
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
@@ -222,6 +256,8 @@ def main(argv=None):
         kinds = _kinds(args.bf16, args.onnx, args.only, args.st_python)
         if args.st_python and not os.access(args.st_python, os.X_OK):
             raise ValueError(f"--st_python {args.st_python}: not an executable file")
+        for flags in args.xla_flags:
+            check_xla_flags(flags)
     except ValueError as e:
         parser.error(str(e))  # exit 2, before any work
 
@@ -237,7 +273,8 @@ def main(argv=None):
             onnx_paths = _export_graphs(model_dir, kinds, tmp)
             print(f"ONNX export ({', '.join(sorted(onnx_paths))}): {time.perf_counter() - start:.0f} s", flush=True)
         common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
-        workers = {k: (_worker, (k, *common)) for k in kinds}
+        workers = {k: (_worker, (k, *common, "")) for k in kinds}
+        workers.update({flagged_row(f): (_worker, ("sentemb_jax_packed", *common, f)) for f in args.xla_flags})
         if any(k in ST_BACKEND_KINDS for k in kinds):
             data_json = os.path.join(tmp, "sentences.json")
             with open(data_json, "w") as f:
@@ -259,6 +296,9 @@ def main(argv=None):
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
+    for f in args.xla_flags:
+        if "sentemb_jax_packed" in med:
+            print(f"{flagged_row(f)} / sentemb_jax_packed = {med[flagged_row(f)] / med['sentemb_jax_packed']:.2f}")
     jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
     ours_f32 = [v for n, v in med.items() if n in OURS_F32]
     if jax_f32:

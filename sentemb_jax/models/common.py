@@ -17,9 +17,17 @@ DType = Any
 # Added to attention logits of masked keys. Large but finite so that fully padded rows stay finite.
 MASK_LOGIT = -1e9
 
+
+def gelu_erf(x: Array) -> Array:
+    """Exact GELU as torch and HF's "gelu" compute it: x/2 (1 + erf(x / sqrt 2)). jax.nn.gelu's exact
+    form goes through erfc, which XLA:CPU expands into both of its branches and an exp: 2.5x the time
+    of this erf polynomial on [1536, 1536] (EPYC), about 7% of an encode on a Xeon (issue 33)."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * 0.7071067811865476))
+
+
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "relu": jax.nn.relu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # HF "gelu" is the exact erf form
+    "gelu": gelu_erf,  # HF "gelu" is the exact erf form
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
