@@ -40,6 +40,7 @@ import time
 
 import torch
 import transformers
+from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA's backend has started
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
@@ -100,8 +101,6 @@ def check_xla_flags(flags: str) -> None:
 def set_xla_flags(flags: str) -> None:
     """Append `flags` to XLA_FLAGS for this process; XLA reads them when its backend starts, so after
     that they would silently do nothing: refused then."""
-    from jax._src import xla_bridge  # no public API says whether the backend has started
-
     if xla_bridge.backends_are_initialized():
         raise RuntimeError(f"XLA_FLAGS {flags!r} come too late: this process's XLA backend has started")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
