@@ -30,3 +30,27 @@ def test_cpu_description_says_when_the_process_may_use_fewer_cores_than_the_host
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert machine.usable_cores() == 2
     assert machine.cpu_description().endswith("(avx2), 2 of 16 cores")
+
+
+def test_the_benchmarks_keep_jax_on_the_cpu_unless_jax_platforms_says_otherwise(monkeypatch):
+    """On a machine with a GPU, JAX would take it while sentence-transformers' rows run on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    import jax
+
+    before = jax.config.jax_platforms
+    monkeypatch.setenv("JAX_PLATFORMS", "")  # unset in effect; restored after the test
+    try:
+        machine.keep_jax_on_cpu()
+        assert os.environ["JAX_PLATFORMS"] == "cpu" and jax.config.jax_platforms == "cpu"
+        worker = subprocess.run([sys.executable, "-c", "import jax; print(jax.config.jax_platforms)"], capture_output=True,
+                                text=True, timeout=300)
+        assert worker.stdout.strip().splitlines()[-1] == "cpu"  # the workers it starts read it
+        jax.config.update("jax_platforms", before)
+        monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+        machine.keep_jax_on_cpu()
+        assert os.environ["JAX_PLATFORMS"] == "cuda" and jax.config.jax_platforms == before
+    finally:
+        jax.config.update("jax_platforms", before)

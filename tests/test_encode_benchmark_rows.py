@@ -148,6 +148,10 @@ def test_flags_xla_refuses_are_a_usage_error_before_any_work(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--xla_flags=--xla_cpu_no_such_flag=1: XLA refused them:" in err and "--xla_cpu_no_such_flag" in err.split("them:")[1]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--xla_flags=--xla_cpu_use_onednn=true", "--xla_flags=--xla_cpu_use_onednn=true"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("the same flags twice would be one row")
 
 
 def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monkeypatch, capsys):
@@ -160,6 +164,7 @@ def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monke
 
     monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
     monkeypatch.setattr(bench, "check_xla_flags", lambda flags: None)
+    monkeypatch.setattr(bench, "keep_jax_on_cpu", lambda: None)  # it would set this process's JAX platform for good
     bench.main(["--only", "sentemb_jax_packed", "--xla_flags=--xla_cpu_use_onednn=true", "--xla_flags=--a=1 --b=2"])
     assert list(seen) == ["sentemb_jax_packed", "sentence_transformers", "sentemb_jax_packed[--xla_cpu_use_onednn=true]",
                           "sentemb_jax_packed[--a=1 --b=2]"]

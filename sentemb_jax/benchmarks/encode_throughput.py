@@ -44,7 +44,7 @@ from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.benchmarks.machine import cpu_description, usable_cores
+from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu, usable_cores
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
@@ -255,11 +255,14 @@ def main(argv=None):
         kinds = _kinds(args.bf16, args.onnx, args.only, args.st_python)
         if args.st_python and not os.access(args.st_python, os.X_OK):
             raise ValueError(f"--st_python {args.st_python}: not an executable file")
+        if len(set(args.xla_flags)) < len(args.xla_flags):
+            raise ValueError(f"--xla_flags {args.xla_flags}: the same flags twice would be one row")
         for flags in args.xla_flags:
             check_xla_flags(flags)
     except ValueError as e:
         parser.error(str(e))  # exit 2, before any work
 
+    keep_jax_on_cpu()
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)

@@ -6,6 +6,7 @@ import os
 import platform
 import time
 
+import jax
 import numpy as np
 
 # Extensions that decide CPU inference speed: AVX2 / AVX-512 (float32 FMA), VNNI (int8 dot
@@ -41,6 +42,15 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # no affinity masks (macOS)
         return os.cpu_count() or 1
+
+
+def keep_jax_on_cpu() -> None:
+    """These benchmarks compare CPUs, and sentence-transformers' rows run on the CPU; JAX would take
+    a GPU or TPU where the machine has one. So JAX runs on the CPU too, in this process and in the
+    workers it starts, unless JAX_PLATFORMS says otherwise."""
+    if not os.environ.get("JAX_PLATFORMS"):
+        os.environ["JAX_PLATFORMS"] = "cpu"  # worker processes read it when they import jax
+        jax.config.update("jax_platforms", "cpu")  # this process imported jax before
 
 
 def cpu_description() -> str:
