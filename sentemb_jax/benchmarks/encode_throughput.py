@@ -298,9 +298,8 @@ def main(argv=None):
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
-    for f in args.xla_flags:
-        if "sentemb_jax_packed" in med:
-            print(f"{flagged_row(f)} / sentemb_jax_packed = {med[flagged_row(f)] / med['sentemb_jax_packed']:.2f}")
+    for f in args.xla_flags if "sentemb_jax_packed" in med else ():
+        print(f"{flagged_row(f)} / sentemb_jax_packed = {med[flagged_row(f)] / med['sentemb_jax_packed']:.2f}")
     jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
     ours_f32 = [v for n, v in med.items() if n in OURS_F32]
     if jax_f32:

@@ -32,12 +32,8 @@ def erf_rational(x: Array) -> Array:
     SavedModel export); as fast as XLA's own erf on CPU."""
     x = jnp.clip(x, -4.0, 4.0)
     x2 = x * x
-    numerator, denominator = jnp.zeros_like(x), jnp.zeros_like(x)
-    for c in _ERF_NUMERATOR:
-        numerator = numerator * x2 + c
-    for c in _ERF_DENOMINATOR:
-        denominator = denominator * x2 + c
-    return x * numerator / denominator
+    numerator = jnp.polyval(jnp.asarray(_ERF_NUMERATOR, x.dtype), x2)  # coefficients in x's dtype: bf16 stays bf16
+    return x * numerator / jnp.polyval(jnp.asarray(_ERF_DENOMINATOR, x.dtype), x2)
 
 
 def gelu_erf(x: Array) -> Array:
