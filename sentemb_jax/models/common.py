@@ -36,11 +36,26 @@ def erf_rational(x: Array) -> Array:
     return x * numerator / jnp.polyval(jnp.asarray(_ERF_DENOMINATOR, x.dtype), x2)
 
 
+@jax.custom_jvp
 def gelu_erf(x: Array) -> Array:
     """Exact GELU as torch and HF's "gelu" compute it: x/2 (1 + erf(x / sqrt 2)). jax.nn.gelu's exact
     form goes through erfc, which XLA:CPU expands into both of its branches and an exp: 2.5x the time
     of the erf form on [1536, 1536] (EPYC), about 7% of an encode on a Xeon (issue 33)."""
-    return 0.5 * x * (1.0 + erf_rational(x * 0.7071067811865476))
+    return x * _normal_cdf(x)
+
+
+def _normal_cdf(x: Array) -> Array:
+    return 0.5 * (1.0 + erf_rational(x * 0.7071067811865476))
+
+
+@gelu_erf.defjvp
+def _gelu_erf_jvp(primals, tangents):
+    """GELU' = cdf(x) + x pdf(x), as torch's backward. Differentiating the erf polynomial instead
+    (quotient rule over both polynomials) made a MiniLM train step 4% slower than jax.nn.gelu's."""
+    (x,), (t,) = primals, tangents
+    cdf = _normal_cdf(x)
+    pdf = jnp.exp(-0.5 * x * x) * jnp.asarray(0.3989422804014327, x.dtype)  # 1 / sqrt(2 pi)
+    return x * cdf, t * (cdf + x * pdf)
 
 
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
