@@ -49,7 +49,7 @@ from sentemb_jax.encoder import (
     _within_positions,
     _write_json,
 )
-from sentemb_jax.inference import DeviceParams, run_length_sorted, run_packed
+from sentemb_jax.inference import DeviceParams, compile_instead_of_run, run_length_sorted, run_packed, warm_up_lengths
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -171,18 +171,35 @@ class CrossEncoder:
         pairs = list(pairs)
         if not pairs:
             return np.zeros((0,), np.float32)
-        ids, types = self.tokenize(pairs)
-        if self.packed and all(ids):
-            out = run_packed(ids, batch_size, lambda arrays: self._logits_packed(self.params, jax.device_put(arrays)), (), self.tokenizer.pad_id,
-                             extras=None if types is None else {"token_type_ids": types}, buckets=self.tokenizer.buckets,
-                             desc="predict")
-        else:
-            def logits(chunk, rows):
-                feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
-                return self._logits(self.params, jax.device_put(feats))
-
-            out = run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
+        out = self._token_list_logits(*self.tokenize(pairs), batch_size)
         return 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out
+
+    def warm_up(self, batch_size: int = 64, max_length: int | None = None, run: bool = False) -> int:
+        """Compile predict's shapes before the first call, as `SentenceEncoder.warm_up` (without
+        running them unless `run`): full batches of `batch_size` pairs at every bucket up to
+        `max_length` (default: the model's), in the current batching. Returns how many lengths."""
+        lengths = warm_up_lengths(self.tokenizer, max_length)
+        with_types = self.tokenize([("a", "b")])[1] is not None
+        for n in lengths:
+            ids = [[self.tokenizer.pad_id] * n] * batch_size
+            self._token_list_logits(ids, [[0] * n] * batch_size if with_types else None, batch_size, compile_only=not run)
+        return len(lengths)
+
+    def _token_list_logits(self, ids: list[list[int]], types: list[list[int]] | None, batch_size: int,
+                           compile_only: bool = False) -> np.ndarray:
+        logits_packed, logits_padded = self._logits_packed, self._logits
+        if compile_only:
+            logits_packed, logits_padded = compile_instead_of_run(logits_packed), compile_instead_of_run(logits_padded)
+        if self.packed and all(ids):
+            return run_packed(ids, batch_size, lambda arrays: logits_packed(self.params, jax.device_put(arrays)), (), self.tokenizer.pad_id,
+                              extras=None if types is None else {"token_type_ids": types}, buckets=self.tokenizer.buckets,
+                              desc="predict")
+
+        def logits(chunk, rows):
+            feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
+            return logits_padded(self.params, jax.device_put(feats))
+
+        return run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
 
     def save_pretrained(self, out_dir: str) -> None:
         """The layout of the module docstring for this head: HF sequence classifier (BERT family,

@@ -52,6 +52,27 @@ class DeviceParams:
         obj.__dict__[self.slot] = tree
 
 
+def compile_instead_of_run(jitted) -> Callable:
+    """A stand-in for the jitted function `jitted` when warming up: it compiles for its arguments'
+    shapes and returns zeros of the output's shape instead of running. jit's caches then hold the
+    executable, so a later call with those shapes compiles nothing. Running the dummy batches was
+    72% of MiniLM's warm_up(64) (docs/RESULTS.md, issue 33)."""
+    def call(*args):
+        out = jitted.lower(*args).compile().out_info
+        return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), out)
+    return call
+
+
+def warm_up_lengths(tokenizer, max_length: int | None) -> list[int]:
+    """The lengths a warm-up compiles: every bucket up to `max_length` (default and cap: the
+    tokenizer's max_length), then that length itself."""
+    longest = min(max_length or tokenizer.max_length, tokenizer.max_length)
+    lengths = [b for b in tokenizer.buckets if b <= longest]
+    if not lengths or lengths[-1] < longest:
+        lengths.append(longest)
+    return lengths
+
+
 def run_length_sorted(lengths: Sequence[int], batch_size: int, run_batch, out_tail: tuple = (),
                       show_progress: bool = False, desc: str = "batches") -> np.ndarray:
     """float32 [len(lengths), *out_tail]: `run_batch(indices, rows)` over batches of items sorted by

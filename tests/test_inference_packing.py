@@ -3,10 +3,13 @@ end in rows give the padded path's results (max |diff| <= 1e-5), on the shipped 
 encoders (mean and encoder-decoder first token) and cross-encoders with token types."""
 from __future__ import annotations
 
+import contextlib
+
 import jax
 import numpy as np
 import pytest
 from hf_models import make_t5
+from jax._src.dispatch import BACKEND_COMPILE_EVENT  # the event name jax records per backend compile
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.cross_encoder import CrossEncoder
@@ -95,19 +98,61 @@ def test_cross_encoder_predict_packed_equals_padded(minilm_dir, tmp_path, stsb_t
     assert np.std(padded) > 1e-3  # the scores differ between pairs: the comparison is not of constants
 
 
+@contextlib.contextmanager
+def backend_compiles():
+    """A list that collects one entry per XLA backend compile inside the block (jax.monitoring)."""
+    seen: list[float] = []
+
+    def listener(event: str, duration: float, **_):
+        if event == BACKEND_COMPILE_EVENT:
+            seen.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield seen
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
 @pytest.mark.parametrize("packed", [False, True])
-def test_warm_up_compiles_the_shapes_encode_then_uses(minilm_dir, stsb_test, packed):
-    """After warm_up(batch_size) an encode call of that batch size compiles nothing new."""
-    model = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40)
-    model.packed = packed
-    jitted = model._embed_packed if packed else model._embed
-    assert model.warm_up(batch_size=8) == len([b for b in model.tokenizer.buckets if b <= 40])
-    compiled = jitted._cache_size()
-    assert compiled >= 8
+def test_warm_up_compiles_the_shapes_encode_then_uses_without_running_them(minilm_dir, stsb_test, packed, monkeypatch):
+    """After warm_up(batch_size) an encode / predict call of that batch size compiles nothing new;
+    warm_up compiles one executable per length and runs none (run=True: runs each once)."""
     s1, s2, _ = stsb_test
-    texts = s1[:120] + s2[:40] + [LONG]  # LONG is cut to 40 tokens
-    model.encode(texts, batch_size=8)
-    assert jitted._cache_size() == compiled
+    encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40)
+    cross = CrossEncoder.from_pretrained(minilm_dir, seed=1)
+    cross.tokenizer.max_length = 40
+    lengths = len([b for b in encoder.tokenizer.buckets if b <= 40])
+    for model, use in ((encoder, lambda: encoder.encode(s1[:120] + s2[:40] + [LONG], batch_size=8)),  # LONG is cut to 40 tokens
+                       (cross, lambda: cross.predict(list(zip(s1[:100], s2[:100])) + [(LONG, "a")], batch_size=8))):
+        model.packed = packed
+        jitted = ("_embed" if model is encoder else "_logits") + ("_packed" if packed else "")
+        runs = []
+        with monkeypatch.context() as m:  # warm_up never calls the jitted function, only lowers it
+            m.setattr(model, jitted, _counting(getattr(model, jitted), runs))
+            with backend_compiles() as compiles:
+                assert model.warm_up(batch_size=8) == lengths
+        assert runs == [] and len(compiles) == lengths
+        with backend_compiles() as compiles:
+            use()
+        assert compiles == []
+        with monkeypatch.context() as m:  # run=True runs every warmed shape
+            m.setattr(model, jitted, _counting(getattr(model, jitted), runs))
+            with backend_compiles() as compiles:
+                model.warm_up(batch_size=8, run=True)
+        assert len(runs) >= lengths and compiles == []  # packed: a length may fill several blocks of one shape
+
+
+def _counting(jitted, calls: list):
+    """`jitted`, with its direct calls counted (lower, which warm-up uses, passes through)."""
+    class Counting:
+        def __call__(self, *args):
+            calls.append(1)
+            return jitted(*args)
+
+        def __getattr__(self, name):
+            return getattr(jitted, name)
+    return Counting()
 
 
 @pytest.mark.parametrize("packed", [False, True])
