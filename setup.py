@@ -37,6 +37,9 @@ TEST_REQUIRES = [
     "torch==2.13.0",
     "sentence-transformers==6.2.0",
     "pytest==9.2.0",
+    # make test runs two workers (pytest-xdist; execnet is its transport)
+    "pytest-xdist==3.8.0",
+    "execnet==2.1.2",
     "hypothesis==6.170.15",
     # The linter the test command runs first (ruff.toml).
     "ruff==0.17.6",
