@@ -175,3 +175,14 @@ def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monke
     out = capsys.readouterr().out.splitlines()
     assert "sentemb_jax_packed[--a=1 --b=2] / sentemb_jax_packed = 1.10" in out
     assert out[-1] == "ratio_vs_sentence_transformers=1.25"  # the headline stays the default configuration's
+
+    # With the bf16 packed row selected, each flag value repeats it too, with its own ratio line.
+    seen.clear()
+    bench.main(["--only", "sentemb_jax_bf16_packed", "--xla_flags=--a=1"])
+    assert list(seen) == ["sentence_transformers", "sentemb_jax_bf16_packed", "sentemb_jax_packed[--a=1]",
+                          "sentemb_jax_bf16_packed[--a=1]"]
+    assert seen["sentemb_jax_bf16_packed[--a=1]"][1][0] == "sentemb_jax_bf16_packed"
+    assert seen["sentemb_jax_bf16_packed[--a=1]"][1][1:-1] == seen["sentemb_jax_bf16_packed"][1][1:-1]
+    assert seen["sentemb_jax_bf16_packed[--a=1]"][1][-1] == "--a=1"
+    out = capsys.readouterr().out.splitlines()
+    assert "sentemb_jax_bf16_packed[--a=1] / sentemb_jax_bf16_packed = 1.00" in out

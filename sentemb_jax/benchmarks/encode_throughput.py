@@ -18,9 +18,10 @@ alternates the workers round by round - one runs at a time - and prints sentence
 float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our exports); the
 line before it gives the JAX paths alone. --only runs the rows it names (and the baseline), exporting
 only the graphs they need: e.g. `--only sentemb_jax_packed,sentemb_jax_openvino_bf16_packed`.
---xla_flags=FLAGS (repeatable) adds the default JAX row (packed) once more per value, its worker run under
-`XLA_FLAGS=FLAGS` (set before its XLA backend starts; checked first: flags XLA refuses are a usage error),
-alternating with the others: an XLA setting judged side by side, not across runs (drift on a shared host).
+--xla_flags=FLAGS (repeatable) adds the default JAX row (packed) once more per value, and the bf16 packed
+row too where it runs, its worker run under `XLA_FLAGS=FLAGS` (set before its XLA backend starts; checked
+first: flags XLA refuses are a usage error), alternating with the others: an XLA setting judged side by
+side, not across runs (drift on a shared host).
 --st_python adds sentence-transformers' own ONNX Runtime (float32, int8 dynamic quantisation) and
 OpenVINO backends, run by that interpreter (`st_backend_worker.py`): they need optimum and so
 transformers 4, another environment (`python -m venv ENV && ENV/bin/pip install
@@ -82,9 +83,15 @@ def _onnx_export():
     return onnx_export
 
 
-def flagged_row(flags: str) -> str:
-    """The name of the default JAX row run under XLA_FLAGS=flags (--xla_flags)."""
-    return f"sentemb_jax_packed[{flags}]"
+def flagged_row(flags: str, kind: str = "sentemb_jax_packed") -> str:
+    """The name of JAX row `kind` run under XLA_FLAGS=flags (--xla_flags)."""
+    return f"{kind}[{flags}]"
+
+
+def flagged_kinds(kinds: list[str]) -> list[str]:
+    """The JAX rows --xla_flags repeats: the default (packed float32) always, bf16 packed where it runs
+    (an XLA setting may act on one precision's products only, e.g. oneDNN's bf16 kernels)."""
+    return ["sentemb_jax_packed", *(["sentemb_jax_bf16_packed"] if "sentemb_jax_bf16_packed" in kinds else [])]
 
 
 def check_xla_flags(flags: str) -> None:
@@ -247,7 +254,8 @@ def main(argv=None):
     parser.add_argument("--st_python", default=None, help="a Python with sentence-transformers' ONNX / OpenVINO backends "
                         "(they need transformers 4: another environment); adds their rows: " + ", ".join(ST_BACKEND_KINDS))
     parser.add_argument("--xla_flags", action="append", default=[], metavar="FLAGS",
-                        help="also the packed JAX row under XLA_FLAGS=FLAGS, side by side (repeatable; write --xla_flags=...)")
+                        help="also the packed JAX rows (float32; bf16 where it runs) under XLA_FLAGS=FLAGS, side by side "
+                        "(repeatable; write --xla_flags=...)")
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     args = parser.parse_args(argv)
@@ -276,7 +284,7 @@ def main(argv=None):
             print(f"ONNX export ({', '.join(sorted(onnx_paths))}): {time.perf_counter() - start:.0f} s", flush=True)
         common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
         workers = {k: (_worker, (k, *common, "")) for k in kinds}
-        workers.update({flagged_row(f): (_worker, ("sentemb_jax_packed", *common, f)) for f in args.xla_flags})
+        workers.update({flagged_row(f, k): (_worker, (k, *common, f)) for f in args.xla_flags for k in flagged_kinds(kinds)})
         if any(k in ST_BACKEND_KINDS for k in kinds):
             data_json = os.path.join(tmp, "sentences.json")
             with open(data_json, "w") as f:
@@ -298,8 +306,9 @@ def main(argv=None):
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
-    for f in args.xla_flags if "sentemb_jax_packed" in med else ():
-        print(f"{flagged_row(f)} / sentemb_jax_packed = {med[flagged_row(f)] / med['sentemb_jax_packed']:.2f}")
+    for k in [k for k in flagged_kinds(kinds) if k in med]:
+        for f in args.xla_flags:
+            print(f"{flagged_row(f, k)} / {k} = {med[flagged_row(f, k)] / med[k]:.2f}")
     jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
     ours_f32 = [v for n, v in med.items() if n in OURS_F32]
     if jax_f32:
