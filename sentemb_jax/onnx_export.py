@@ -89,9 +89,10 @@ def export_onnx(encoder: SentenceEncoder, out_dir: str, quantize: str | None = N
         forward = lambda ids, mask: module.apply({"params": params}, ids, mask)  # noqa: E731
         inputs, names = [dynamic, dynamic], ["input_ids", "attention_mask"]
     # Our "gelu" (models.common.gelu_erf) computes erf as a clipped rational polynomial, for XLA:CPU and
-    # TF's XlaCallModule; traced into ONNX it is ~20 elementwise nodes per layer, which ran MiniLM in
+    # TF's XlaCallModule; traced into ONNX it is 18 more elementwise nodes per layer, which ran MiniLM in
     # ONNX Runtime at 0.50x the speed (float32) and 0.29x (int8) of one Gelu node, its fused kernel
     # (EPYC, 2 threads). jax.nn.gelu's exact form is what jax2onnx writes as Gelu; values within 2e-7.
+    # The swap is process-wide while it lasts: a model traced by another thread meanwhile gets it too.
     with mock.patch.dict(common.ACTIVATIONS, gelu=lambda x: jax.nn.gelu(x, approximate=False)):
         to_onnx(forward, inputs, model_name="sentence_encoder", return_mode="file", output_path=path,
                 input_names=names, output_names=["sentence_embedding"])

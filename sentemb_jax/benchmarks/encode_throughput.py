@@ -83,7 +83,7 @@ def _onnx_export():
     return onnx_export
 
 
-def flagged_row(flags: str, kind: str = "sentemb_jax_packed") -> str:
+def flagged_row(flags: str, kind: str) -> str:
     """The name of JAX row `kind` run under XLA_FLAGS=flags (--xla_flags)."""
     return f"{kind}[{flags}]"
 
@@ -306,7 +306,7 @@ def main(argv=None):
     for n in med:
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
-    for k in [k for k in flagged_kinds(kinds) if k in med]:
+    for k in filter(med.__contains__, flagged_kinds(kinds)):
         for f in args.xla_flags:
             print(f"{flagged_row(f, k)} / {k} = {med[flagged_row(f, k)] / med[k]:.2f}")
     jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
