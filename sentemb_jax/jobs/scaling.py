@@ -16,11 +16,11 @@ the same gin file(s) for every rung, parsed after the rung's. Each rung is train
     MODEL_DIR/results.md / .json, score_vs_params.png, score_vs_flops.png
 
 Resumable: a rerun reuses finished rungs (rung.json) and continues an unfinished one from its last
-checkpoint (the train job's own resume). Before any training, every rung is checked in one process
-(sentemb_jax.benchmarks.scaling_check): its gin files exist, parse and build a train step abstractly;
-with `compiler_topology` the step is compiled for that TPU slice by the TPU compiler (it must fit;
-its FLOPs are reported beside the model count). Any rung that fails is named with its reason and
-nothing is trained (exit 2).
+checkpoint (the train job's own resume). Before any training, every rung is checked
+(sentemb_jax.benchmarks.scaling_check, in its own process): its gin files exist, parse and build a
+train step abstractly; with `compiler_topology` the step is compiled for that TPU slice by the TPU
+compiler, one process per rung (it must fit; its FLOPs are reported beside the model count). Any
+rung that fails is named with its reason and nothing is trained (exit 2).
 
 Training FLOPs per rung: 6 x (non-embedding encoder params x real tokens + decoder params x texts)
 - real tokens are the unpadded tokens the train loop counted (`tokens` in metrics.jsonl); an
@@ -160,22 +160,17 @@ def _string_list(value, param: str) -> list[str]:
 
 
 def check_rungs(ladder: list[Rung], recipe: list[str], bindings: list[str], topology: str | None) -> dict:
-    """Every rung described by sentemb_jax.benchmarks.scaling_check in one process; a ConfigError naming each
-    rung that does not build (or fit), before any training."""
-    spec = {"rungs": [r.spec() for r in ladder], "recipe": recipe, "bindings": bindings, "topology": topology}
+    """Every rung described by sentemb_jax.benchmarks.scaling_check; a ConfigError naming each rung that
+    does not build (or fit, or crashes the compiler), before any training.
+
+    Without a topology, one process checks all rungs. With one, each rung's compile runs in its own
+    process: the TPU compiler can die on a signal (libtpu 0.0.42 overflows its stack on some shapes,
+    docs/SCALING.md), which must name that rung and still let the others be checked."""
     log.info("checking %d rungs%s", len(ladder), f" (each compiled for {topology} by the TPU compiler)" if topology else "")
-    with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
-        with open(spec_path, "w") as f:
-            json.dump(spec, f)
-        done = subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.scaling_check", spec_path, out_path],
-                              capture_output=True, text=True, cwd=os.getcwd())
-        log.debug("rung check output:\n%s", done.stdout + done.stderr)
-        if done.returncode != 0 or not os.path.isfile(out_path):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise TrainingError(f"the rung check (python -m sentemb_jax.benchmarks.scaling_check) failed: {tail[0]}")
-        with open(out_path) as f:
-            rows = {r["name"]: r for r in json.load(f)}
+    groups = [[r] for r in ladder] if topology else [ladder]
+    rows = {}
+    for group in groups:
+        rows.update(_run_check(group, recipe, bindings, topology))
     bad = [f"rung {name!r} ({', '.join(next(r.gin_files for r in ladder if r.name == name))}): {row['error']}"
            for name, row in rows.items() if "error" in row]
     if bad:
@@ -184,6 +179,28 @@ def check_rungs(ladder: list[Rung], recipe: list[str], bindings: list[str], topo
         fits = f", {row['compiled']['per_chip_gib']:.2f} GiB per chip on {topology}" if "compiled" in row else ""
         log.info("rung %s: %s, %s parameters%s", row["name"], row["architecture"], _count(row["params"]), fits)
     return rows
+
+
+def _run_check(group: list[Rung], recipe: list[str], bindings: list[str], topology: str | None) -> dict:
+    """{name: row} from one scaling_check process over `group`; a process that dies on a signal gives
+    each of its rungs an error row (a failure to start or to write rows is a TrainingError)."""
+    spec = {"rungs": [r.spec() for r in group], "recipe": recipe, "bindings": bindings, "topology": topology}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        done = subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.scaling_check", spec_path, out_path],
+                              capture_output=True, text=True, cwd=os.getcwd())
+        log.debug("rung check output (%s):\n%s", ", ".join(r.name for r in group), done.stdout + done.stderr)
+        if done.returncode < 0:
+            died = (f"its check process{' (build and TPU compile)' if topology else ''} died on "
+                    f"{signal.Signals(-done.returncode).name}; its output is in the ladder's run.log")
+            return {r.name: {"name": r.name, "error": died} for r in group}
+        if done.returncode != 0 or not os.path.isfile(out_path):
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise TrainingError(f"the rung check (python -m sentemb_jax.benchmarks.scaling_check) failed: {tail[0]}")
+        with open(out_path) as f:
+            return {r["name"]: r for r in json.load(f)}
 
 
 def _count(n: float) -> str:
