@@ -33,7 +33,8 @@ LOG_NAME = RUN_LOG
 _FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _cache_log_dir() -> str:
+def cache_log_dir() -> str:
+    """Where logs go that have no MODEL_DIR (a refused start, a crashed helper process's output)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "sentemb_jax", "logs")
 
@@ -105,9 +106,9 @@ class Console:
     # -- set-up --------------------------------------------------------------------------------
 
     def start(self) -> "Console":
-        os.makedirs(_cache_log_dir(), exist_ok=True)
+        os.makedirs(cache_log_dir(), exist_ok=True)
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        fd, path = tempfile.mkstemp(prefix=f"{stamp}-{os.getpid()}-", suffix=".log", dir=_cache_log_dir())
+        fd, path = tempfile.mkstemp(prefix=f"{stamp}-{os.getpid()}-", suffix=".log", dir=cache_log_dir())
         os.close(fd)
         self._open_log(path, temporary=True)
         if self.verbosity == 0 and sys.stderr is sys.__stderr__ and sys.__stderr__ is not None:

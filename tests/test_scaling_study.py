@@ -252,27 +252,40 @@ def test_tpu_ladder_parses_builds_and_compiles(monkeypatch):
 
 
 @NEEDS_LIBTPU
-def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checked(tmp_path, monkeypatch):
-    """With a topology each rung is checked (built and compiled) in its own process: one that dies on
-    a signal (as libtpu's compiler can) is named with the signal, the rungs after it are still
-    checked, and a good rung is not named. The crash is placed by a gin file importing a module
-    that sends its process SIGSEGV."""
-    from sentemb_jax.jobs.scaling import Rung, check_rungs
-
-    (tmp_path / "segfault_on_import.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checked(ladder_data, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """With a compiler topology each rung is checked (built and compiled) in its own process: one that
+    dies on a signal (as libtpu's compiler can) is named with the signal, the rungs after it are
+    still checked, a good rung is not named, its output is kept in a file the error names, nothing
+    is trained. The crash
+    is placed by a gin file importing a module that sends its process SIGSEGV."""
+    (tmp_path / "segfault_on_import.py").write_text(
+        "import os, signal\nprint('segfault_on_import: sending SIGSEGV', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     (tmp_path / "crash.gin").write_text("import segfault_on_import\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("SENTEMB_DATA_DIR", ladder_data)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(REPO)
-    tiny = ("gin/architectures/dual_encoder.gin", "gin/models/t5_tiny.gin")
-    ladder = [Rung("crashes", (*tiny, str(tmp_path / "crash.gin")), tuple(SIZE)),
-              Rung("good", tiny, tuple(SIZE)),
-              Rung("bad_binding", tiny, ("sentemb_jax.T5Config.not_a_field = 3",))]
-    bindings = [f"sentemb_jax.train.batch_size = {BATCH}", f"sentemb_jax.train.sequence_length = {LENGTH}",
-                "TOKENIZER_DIR = '/tmp/unused'"]
-    with pytest.raises(ConfigError) as e:
-        check_rungs(ladder, ["gin/recipes/tiny_t5_nli_scratch.gin"], bindings, "v5e:2x2")
-    message = str(e.value)
-    assert message.startswith("2 of 3 rungs cannot run, nothing trained"), message
-    assert "rung 'crashes' (gin/architectures/dual_encoder.gin, gin/models/t5_tiny.gin" in message
-    assert "its check process (build and TPU compile) died on SIGSEGV" in message
-    assert "rung 'bad_binding'" in message and "not_a_field" in message and "rung 'good'" not in message
+    tiny = "'gin/architectures/dual_encoder.gin', 'gin/models/t5_tiny.gin'"
+    rungs = f"""[
+        {{'name': 'crashes', 'gin_files': [{tiny}, '{tmp_path / "crash.gin"}'], 'bindings': {SIZE_BINDINGS}}},
+        {{'name': 'good', 'gin_files': [{tiny}], 'bindings': {SIZE_BINDINGS}}},
+        {{'name': 'bad_binding', 'gin_files': [{tiny}], 'bindings': ['sentemb_jax.T5Config.not_a_field = 3']}},
+    ]"""
+    gin_file = _ladder_gin(tmp_path / "crash_ladder.gin", rungs)
+    model_dir = tmp_path / "run"
+    code = runner.main([f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INPUTS='{tmp_path / 'in'}'",
+                        "--gin.sentemb_jax.scaling_study.compiler_topology='v5e:2x2'"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "2 of 3 rungs cannot run, nothing trained" in err
+    assert "rung 'crashes' (gin/architectures/dual_encoder.gin, gin/models/t5_tiny.gin" in err
+    assert "its check process (build and TPU compile) died on SIGSEGV; its output: " in err
+    assert "rung 'bad_binding'" in err and "not_a_field" in err and "rung 'good'" not in err
+    kept = err.split("its output: ")[1].split()[0]
+    assert os.path.dirname(kept) == str(tmp_path / "cache" / "sentemb_jax" / "logs") and "rung_check-crashes" in kept
+    with open(kept, encoding="utf-8") as f:
+        assert "segfault_on_import: sending SIGSEGV" in f.read()
+    assert "segfault_on_import:" not in err  # the crash's output stays in its file
+    assert not model_dir.exists() or os.listdir(model_dir) == ["run.log"]  # nothing trained, no inputs made
+    assert not os.path.exists(tmp_path / "in")

@@ -42,6 +42,7 @@ import time
 
 import gin
 from sentemb_jax import preflight, validation
+from sentemb_jax.console import cache_log_dir
 from sentemb_jax.errors import ConfigError, SentembError, TrainingError
 from sentemb_jax.evaluation import plots
 from sentemb_jax.evaluation.report import markdown_table
@@ -192,9 +193,14 @@ def _run_check(group: list[Rung], recipe: list[str], bindings: list[str], topolo
         done = subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.scaling_check", spec_path, out_path],
                               capture_output=True, text=True, cwd=os.getcwd())
         log.debug("rung check output (%s):\n%s", ", ".join(r.name for r in group), done.stdout + done.stderr)
-        if done.returncode < 0:
+        if done.returncode < 0:  # its output (a crash's trace) kept where the user is told, not on the console
+            os.makedirs(cache_log_dir(), exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            fd, kept = tempfile.mkstemp(prefix=f"{stamp}-rung_check-{group[0].name}-", suffix=".log", dir=cache_log_dir())
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(done.stdout + done.stderr)
             died = (f"its check process{' (build and TPU compile)' if topology else ''} died on "
-                    f"{signal.Signals(-done.returncode).name}; its output is in the ladder's run.log")
+                    f"{signal.Signals(-done.returncode).name}; its output: {kept}")
             return {r.name: {"name": r.name, "error": died} for r in group}
         if done.returncode != 0 or not os.path.isfile(out_path):
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
