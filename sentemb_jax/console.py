@@ -26,17 +26,12 @@ import sys
 import tempfile
 import warnings
 
+from sentemb_jax.paths import cache_log_dir
 from sentemb_jax.run_dir import RUN_LOG
 
 OURS = "sentemb_jax"
 LOG_NAME = RUN_LOG
 _FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def cache_log_dir() -> str:
-    """Where logs go that have no MODEL_DIR (a refused start, a crashed helper process's output)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sentemb_jax", "logs")
 
 
 class _ConsoleHandler(logging.Handler):

@@ -1,4 +1,4 @@
-"""Where things are: remote (bucket) paths, the default data directory."""
+"""Where things are: remote (bucket) paths, the default data directory, logs without a MODEL_DIR."""
 from __future__ import annotations
 
 import os
@@ -22,3 +22,9 @@ def default_data_dir() -> str:
         if os.path.isdir(candidate):
             return candidate
     return os.path.normpath(os.path.join(repo, "..", "shared", "data"))
+
+
+def cache_log_dir() -> str:
+    """Where logs go that have no MODEL_DIR (a refused start, a crashed helper process's output)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "sentemb_jax", "logs")

@@ -42,14 +42,13 @@ import time
 
 import gin
 from sentemb_jax import preflight, validation
-from sentemb_jax.console import cache_log_dir
 from sentemb_jax.errors import ConfigError, SentembError, TrainingError
 from sentemb_jax.evaluation import plots
 from sentemb_jax.evaluation.report import markdown_table
 from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
 from sentemb_jax.evaluation.transfer import TRANSFER_TASKS
 from sentemb_jax.jobs.evaluate import eval_transfer, sts_scores
-from sentemb_jax.paths import default_data_dir
+from sentemb_jax.paths import cache_log_dir, default_data_dir
 from sentemb_jax.run_dir import METRICS_JSONL, write_gin_config, write_results
 from sentemb_jax.training import faults
 
