@@ -23,10 +23,9 @@ import datetime
 import logging
 import os
 import sys
-import tempfile
 import warnings
 
-from sentemb_jax.paths import cache_log_dir
+from sentemb_jax.paths import new_cache_log
 from sentemb_jax.run_dir import RUN_LOG
 
 OURS = "sentemb_jax"
@@ -101,11 +100,7 @@ class Console:
     # -- set-up --------------------------------------------------------------------------------
 
     def start(self) -> "Console":
-        os.makedirs(cache_log_dir(), exist_ok=True)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        fd, path = tempfile.mkstemp(prefix=f"{stamp}-{os.getpid()}-", suffix=".log", dir=cache_log_dir())
-        os.close(fd)
-        self._open_log(path, temporary=True)
+        self._open_log(new_cache_log(str(os.getpid())), temporary=True)
         if self.verbosity == 0 and sys.stderr is sys.__stderr__ and sys.__stderr__ is not None:
             self._redirect_native_stderr()
         root = logging.getLogger()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 
 DATA_DIR_ENV = "SENTEMB_DATA_DIR"
 
@@ -28,3 +30,12 @@ def cache_log_dir() -> str:
     """Where logs go that have no MODEL_DIR (a refused start, a crashed helper process's output)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "sentemb_jax", "logs")
+
+
+def new_cache_log(tag: str) -> str:
+    """A new, empty file `<UTC stamp>-<tag>-<random>.log` in cache_log_dir(); its path."""
+    os.makedirs(cache_log_dir(), exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    fd, path = tempfile.mkstemp(prefix=f"{stamp}-{tag}-", suffix=".log", dir=cache_log_dir())
+    os.close(fd)
+    return path

@@ -257,8 +257,7 @@ def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checke
     """With a compiler topology each rung is checked (built and compiled) in its own process: one that
     dies on a signal (as libtpu's compiler can) is named with the signal, the rungs after it are
     still checked, a good rung is not named, its output is kept in a file the error names, nothing
-    is trained. The crash
-    is placed by a gin file importing a module that sends its process SIGSEGV."""
+    is trained. The crash is placed by a gin file importing a module that sends its process SIGSEGV."""
     (tmp_path / "segfault_on_import.py").write_text(
         "import os, signal\nprint('segfault_on_import: sending SIGSEGV', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     (tmp_path / "crash.gin").write_text("import segfault_on_import\n")

@@ -48,7 +48,7 @@ from sentemb_jax.evaluation.report import markdown_table
 from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
 from sentemb_jax.evaluation.transfer import TRANSFER_TASKS
 from sentemb_jax.jobs.evaluate import eval_transfer, sts_scores
-from sentemb_jax.paths import cache_log_dir, default_data_dir
+from sentemb_jax.paths import default_data_dir, new_cache_log
 from sentemb_jax.run_dir import METRICS_JSONL, write_gin_config, write_results
 from sentemb_jax.training import faults
 
@@ -193,10 +193,8 @@ def _run_check(group: list[Rung], recipe: list[str], bindings: list[str], topolo
                               capture_output=True, text=True, cwd=os.getcwd())
         log.debug("rung check output (%s):\n%s", ", ".join(r.name for r in group), done.stdout + done.stderr)
         if done.returncode < 0:  # its output (a crash's trace) kept where the user is told, not on the console
-            os.makedirs(cache_log_dir(), exist_ok=True)
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-            fd, kept = tempfile.mkstemp(prefix=f"{stamp}-rung_check-{group[0].name}-", suffix=".log", dir=cache_log_dir())
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            kept = new_cache_log(f"rung_check-{group[0].name}")
+            with open(kept, "w", encoding="utf-8") as f:
                 f.write(done.stdout + done.stderr)
             died = (f"its check process{' (build and TPU compile)' if topology else ''} died on "
                     f"{signal.Signals(-done.returncode).name}; its output: {kept}")
