@@ -1,7 +1,7 @@
 """The TPU compiler without a TPU (sentemb_jax.benchmarks.tpu_compile): the tiny T5 train step and
 the encode function compile for v5e:2x2 and v4:2x2x1 and fit in HBM; the loop-corrected FLOPs
 match an unscanned compile; the HLO reader on a known module; bad input (unknown topology, a
-config that does not fit). Skipped only when libtpu cannot be imported."""
+config that does not fit); a compile whose process dies on a signal. Skipped only when libtpu cannot be imported."""
 import importlib.util
 import os
 
@@ -27,12 +27,12 @@ def _repo_cwd():
 @pytest.fixture(scope="module")
 def rows():
     """Tiny T5 train step + encode, on v5e:2x2 and v4:2x2x1 (four TPU compiles)."""
-    from sentemb_jax.benchmarks import aot, tpu_compile
+    from sentemb_jax.benchmarks import aot, tpu_compile, tpu_slices
 
     out = {}
     for topology in ("v5e:2x2", "v4:2x2x1"):
-        devices = tpu_compile.topology_devices(topology)
-        chip = tpu_compile.chip_of(topology)
+        devices = tpu_slices.topology_devices(topology)
+        chip = tpu_slices.chip_of(topology)
         train = aot.train_program(TINY, TINY_BINDINGS, devices)
         encode = aot.encode_program(TINY, TINY_BINDINGS, devices, batch_size=64, length=32)
         out[topology] = {"train": tpu_compile.measure(train, topology, chip),
@@ -67,10 +67,10 @@ def test_tiny_train_and_encode_fit(rows, topology, hbm_gib):
 def test_loop_correction_matches_unscanned_compile(rows):
     """The loop-corrected FLOPs of the scanned step equal (within 5%) cost_analysis of the same step
     compiled with scan_layers=False (where every layer is in the HLO once)."""
-    from sentemb_jax.benchmarks import aot, tpu_compile
+    from sentemb_jax.benchmarks import aot, tpu_compile, tpu_slices
 
-    devices = tpu_compile.topology_devices("v5e:2x2")
-    chip = tpu_compile.chip_of("v5e:2x2")
+    devices = tpu_slices.topology_devices("v5e:2x2")
+    chip = tpu_slices.chip_of("v5e:2x2")
     scanned = rows["v5e:2x2"]["train"]
     flat = tpu_compile.measure(aot.train_program(TINY, TINY_BINDINGS + ["sentemb_jax.T5Config.scan_layers = False"],
                                                  devices), "v5e:2x2", chip)
@@ -162,15 +162,15 @@ def test_make_mesh_megacore_and_slices():
     from jax.experimental import topologies
 
     from sentemb_jax import partitioning
-    from sentemb_jax.benchmarks import tpu_compile
+    from sentemb_jax.benchmarks import tpu_slices
 
-    tpu_compile.quiet_compile_only_env()
+    tpu_slices.quiet_compile_only_env()
     per_core = topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1").devices
     with pytest.raises(ValueError, match="megacore"):
         partitioning.make_mesh(fsdp=4, devices=per_core[:4])
-    mesh = partitioning.make_mesh(fsdp=2, model=2, devices=tpu_compile.topology_devices("v4:2x2x1"))
+    mesh = partitioning.make_mesh(fsdp=2, model=2, devices=tpu_slices.topology_devices("v4:2x2x1"))
     assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "model": 2}
-    two = tpu_compile.topology_devices("v5e:2x2", num_slices=2)
+    two = tpu_slices.topology_devices("v5e:2x2", num_slices=2)
     mesh = partitioning.make_mesh(fsdp=2, devices=two)  # data 4 = 2 per slice x 2 slices
     assert dict(mesh.shape) == {"data": 4, "fsdp": 2, "model": 1}
     assert partitioning.num_slices(two) == 2
@@ -202,6 +202,43 @@ def test_config_that_does_not_fit_prints_shortfall(capsys):
     err = capsys.readouterr().err
     assert code == 3, err[-2000:]
     assert "does not fit" in err and "short by" in err and "GiB per chip" in err
+
+
+def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(tmp_path, monkeypatch, capsys):
+    """Each config compiles in its own process: one whose compiler dies on a signal (as libtpu's can,
+    docs/SCALING.md) gets a "not compiled" row naming the signal, with its mesh and batch (written
+    just before the compile) and a file holding its output; the next config still compiles; exit 1.
+    The crash is placed by a gin file importing a module that makes the compile send SIGSEGV."""
+    import json
+
+    from sentemb_jax.benchmarks import tpu_compile
+
+    (tmp_path / "segfault_on_compile.py").write_text(
+        "import os, signal\nfrom sentemb_jax.benchmarks import aot\n\n\ndef _compile(self):\n"
+        "    print('segfault_on_compile: sending SIGSEGV', flush=True)\n    os.kill(os.getpid(), signal.SIGSEGV)\n\n\n"
+        "aot.Program.compile = _compile\n")
+    (tmp_path / "crash.gin").write_text("import segfault_on_compile\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    crashes, good = "+".join([*TINY, str(tmp_path / "crash.gin")]), "+".join(TINY)
+    code = tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", crashes, "--gin_file", good, "--mesh", "2x1",
+                             "--json", str(tmp_path / "rows.json"), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
+    out, err = capsys.readouterr()
+    assert code == 1, err[-2000:]
+    with open(tmp_path / "rows.json") as f:
+        rows = json.load(f)
+    assert [r["config"] for r in rows] == [crashes.replace("+", " + "), good.replace("+", " + ")]
+    crashed, compiled = rows
+    assert crashed["crashed"] and not crashed["fits"] and crashed["mesh"] == {"data": 2, "fsdp": 2, "model": 1}
+    assert crashed["batch"] == compiled["batch"] and crashed["error"].startswith("died on SIGSEGV; its output: ")
+    assert compiled["fits"] and "crashed" not in compiled and compiled["per_device"] > 0
+    kept = crashed["error"].split("its output: ")[1]
+    assert os.path.dirname(kept) == str(tmp_path / "cache" / "sentemb_jax" / "logs")
+    with open(kept, encoding="utf-8") as f:
+        assert "segfault_on_compile: sending SIGSEGV" in f.read()
+    assert "| 2 x 2 x 1 | " in out and "not compiled: the compile's process died on SIGSEGV" in out
+    assert f"not compiled: {crashed['config']} on v5e:2x2 (mesh 2 x 2 x 1): its compile's process died on SIGSEGV" in err
+    assert "segfault_on_compile:" not in out + err  # the crash's output stays in its file
 
 
 def test_out_of_memory_messages_give_the_shortfall():

@@ -19,7 +19,7 @@ import sys
 import jax
 
 from sentemb_jax import validation
-from sentemb_jax.benchmarks import aot, tpu_compile
+from sentemb_jax.benchmarks import aot, tpu_compile, tpu_slices
 from sentemb_jax.main import gin_file_exists
 
 GIB = 2**30
@@ -46,7 +46,7 @@ def describe_rung(rung: dict, recipe: list[str], bindings: list[str], topology: 
            "num_steps": steps if isinstance(steps, int) else None, "layers": program.info["layers"],
            "dtype": program.info["dtype"], "padded_step_flops_6nd": program.model_flops}
     if topology and compile_step:
-        measured = tpu_compile.measure(program, topology, tpu_compile.chip_of(topology))
+        measured = tpu_compile.measure(program, topology, tpu_slices.chip_of(topology))
         if not measured["fits"]:
             need = measured.get("per_device", float("nan")) / GIB
             raise ValueError(f"does not fit {topology}: the TPU compiler needs {need:.2f} GiB per chip of "
@@ -59,7 +59,7 @@ def describe_rung(rung: dict, recipe: list[str], bindings: list[str], topology: 
 
 
 def _devices(topology: str | None):
-    return tpu_compile.topology_devices(topology) if topology else jax.devices()
+    return tpu_slices.topology_devices(topology) if topology else jax.devices()
 
 
 def describe_rungs(spec: dict) -> list[dict]:

@@ -25,128 +25,48 @@ them and compiled by the real TPU compiler. One row per (config, topology, mesh)
   bandwidth from CHIPS (published per-chip figures), and from it MFU and examples/s.
 Every step time, MFU and examples/s is PREDICTED BY THE COMPILER, NOT MEASURED.
 
+Each config x topology x mesh compiles in its own process (`--in_process`: all in this one): the
+TPU compiler can die on a signal (libtpu 0.0.42 overflows its stack on some shapes,
+docs/SCALING.md); that compile gets a "not compiled" row naming the signal and a file with its
+output, and the others still compile (a `--search` goes on to the next mesh).
+
 Exit status: 0 all fit; 3 some config does not fit (the shortfall in GiB per chip is printed);
-2 bad arguments (e.g. an unknown topology); 1 libtpu missing.
+2 bad arguments (e.g. an unknown topology); 1 libtpu missing, or a compile's process died (the
+other rows are still printed).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.util
 import json
 import math
 import os
 import re
 import sys
+import tempfile
 import time
 
-from jax.experimental import topologies
-
-import sentemb_jax
-from sentemb_jax.benchmarks import aot, hlo
+from sentemb_jax.benchmarks import hlo
+from sentemb_jax.benchmarks.tpu_slices import (
+    GIB,
+    INSTALL_HINT,
+    SEARCH_TOPOLOGIES,
+    Chip,
+    LibtpuMissing,
+    TopologyError,
+    chip_of,
+    generation,
+    topology_devices,
+)
+from sentemb_jax.child_process import run_module
 from sentemb_jax.errors import ConfigError, UsageError
 from sentemb_jax.main import gin_bindings
 
-GIB = 2**30
 PREDICTED = "predicted by the compiler, not measured"
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """Published figures per jax device (a chip; a TensorCore for v2 / v3, whose devices are cores)."""
-
-    name: str
-    peak_bf16: float  # FLOP/s
-    hbm_bytes: float
-    hbm_bw: float  # bytes/s
-    ici_bw: float  # bytes/s one chip sends (one direction)
-    source: str
-
-
-# Sources (Google Cloud TPU documentation, "System architecture" table of each version's page):
-# v3  https://cloud.google.com/tpu/docs/v3  : 123 TFLOP/s bf16, 32 GiB HBM2 at 900 GB/s per chip of
-#     two TensorCores (a jax device is one core: half of each); ICI per chip not listed - taken as the
-#     pod's all-reduce bandwidth / chips = 340 TB/s / 1024 = 332 GB/s (half per core).
-# v4  https://cloud.google.com/tpu/docs/v4  : 275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s; ICI per chip
-#     not listed - the pod's all-reduce bandwidth / chips = 1.1 PB/s / 4096 = 268 GB/s.
-# v5e https://cloud.google.com/tpu/docs/v5e : 197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, inter-chip
-#     interconnect 1600 Gbps = 200 GB/s (= the pod's 51.2 TB/s all-reduce bandwidth / 256 chips).
-# v5p https://cloud.google.com/tpu/docs/v5p : 459 TFLOP/s bf16, 95 GiB HBM at 2765 GB/s, ICI 4800 Gbps
-#     = 600 GB/s (the page lists 1200 GB/s bidirectional).
-# v6e https://cloud.google.com/tpu/docs/v6e : 918 TFLOP/s bf16, 32 GB HBM at 1640 GB/s, ICI 3584 Gbps
-#     = 448 GB/s (an other edition of the page: 1600 GB/s and 3200 Gbps).
-# HBM is counted in GiB as the compiler's limit is (16 GiB on v5e, 32 GiB on v4 / v6e).
-CHIPS = {
-    "v3": Chip("TPU v3 (per core)", 123e12 / 2, 16 * GIB, 900e9 / 2, 332e9 / 2, "cloud.google.com/tpu/docs/v3"),
-    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, 268e9, "cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 200e9, "cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 600e9, "cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6e", 918e12, 32 * GIB, 1640e9, 448e9, "cloud.google.com/tpu/docs/v6e"),
-}
-# Slices known to work with this libtpu (generation:topology; v4 / v5p are given in chips, megacore).
-KNOWN_TOPOLOGIES = {
-    "v3": ["v3:2x2", "v3:4x4", "v3:4x8", "v3:8x8", "v3:8x16", "v3:16x16", "v3:16x32", "v3:32x32"],
-    "v4": ["v4:2x2x1", "v4:2x2x2", "v4:2x2x4", "v4:2x4x4", "v4:4x4x4", "v4:4x4x8", "v4:4x8x8", "v4:8x8x8"],
-    "v5e": ["v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"],
-    "v5p": ["v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"],
-    "v6e": ["v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"],
-}
-SEARCH_TOPOLOGIES = {"v4": KNOWN_TOPOLOGIES["v4"][:6], "v5e": KNOWN_TOPOLOGIES["v5e"]}
-INSTALL_HINT = ("the TPU compiler needs libtpu: pip install libtpu==0.0.42.1 (the version jax[tpu]==0.10.2 pins), "
-                "or pip install -e '.[test]'")
-
-
-class TopologyError(ValueError):
-    pass
-
-
-class LibtpuMissing(RuntimeError):
-    pass
-
-
-def quiet_compile_only_env() -> None:
-    """On a host without a TPU, libtpu is only the compiler here: let several processes load it
-    (no device is opened, so its single-user lock file is not needed) and give it the host layout
-    it would otherwise look up from the TPU VM metadata (silences its initialisation errors)."""
-    if sentemb_jax.tpu_attached():
-        return
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
-
-
-def generation(topology: str) -> str:
-    gen = topology.split(":")[0].lower()
-    return {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e"}.get(gen, gen)
-
-
-def chip_of(topology: str) -> Chip:
-    gen = generation(topology)
-    if gen not in CHIPS:
-        raise TopologyError(f"no published figures for {gen!r} in CHIPS; known: {sorted(CHIPS)}")
-    return CHIPS[gen]
-
-
-def known_list() -> str:
-    return "; ".join(f"{g}: {', '.join(v)}" for g, v in KNOWN_TOPOLOGIES.items())
-
-
-def topology_devices(topology: str, num_slices: int = 1) -> list:
-    """The abstract devices of a slice (one per chip on v4 / v5p: megacore)."""
-    if importlib.util.find_spec("libtpu") is None:
-        raise LibtpuMissing(INSTALL_HINT)
-    quiet_compile_only_env()
-    if not re.fullmatch(r"[a-z0-9]+:\d+(x\d+){1,2}", topology) or generation(topology) not in KNOWN_TOPOLOGIES:
-        raise TopologyError(f"unknown topology {topology!r} (want generation:AxB or AxBxC); known: {known_list()}")
-
-    kwargs = {"num_slices": num_slices} if num_slices > 1 else {}
-    if generation(topology) in ("v4", "v5p"):
-        kwargs["chip_config_name"] = "megacore"
-    try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=topology, **kwargs).devices)
-    except Exception as e:  # JaxRuntimeError: INVALID_ARGUMENT ...
-        raise TopologyError(f"topology {topology!r} rejected by libtpu ({str(e).splitlines()[0][:300]}); "
-                            f"known: {known_list()}") from None
+class CompileFailed(RuntimeError):
+    """A compile's child process failed other than by a signal, a bad config or not fitting."""
 
 
 _OOM = re.compile(r"Used ([\d.]+)([GMK])? of ([\d.]+)([GMK])? hbm\. Exceeded hbm capacity by ([\d.]+)([GMK])?")
@@ -171,10 +91,12 @@ def oom_need(text: str) -> dict:
     return {}
 
 
-def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: str | None = None) -> dict:
+def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: str | None = None,
+            on_start=None) -> dict:
     """Compile one program; its row (a dict). A program the compiler cannot fit in HBM gives a row
     with fits=False and the shortfall the compiler reports. hlo_dir: also write the compiled HLO
-    text there (one file per row; `python -m sentemb_jax.benchmarks.hlo FILE` breaks its FLOPs down)."""
+    text there (one file per row; `python -m sentemb_jax.benchmarks.hlo FILE` breaks its FLOPs down).
+    on_start(row): called with the row's description just before the compile."""
     mesh = dict(program.mesh.shape) if program.mesh is not None else {"data": 1, "fsdp": 1, "model": 1}
     devices = math.prod(mesh.values()) if program.mesh is not None else 1
     row = {"config": program.label, "kind": program.kind, "topology": topology, "num_slices": num_slices,
@@ -183,6 +105,8 @@ def measure(program, topology: str, chip: Chip, num_slices: int = 1, hlo_dir: st
            "sides": program.info["sides"], "dtype": program.info["dtype"], "scan": program.info["scan"],
            "remat": program.info["remat"], "method": program.info["method"], "notes": list(program.info["notes"]),
            "hbm_per_chip": chip.hbm_bytes}
+    if on_start:
+        on_start(row)
     started = time.perf_counter()
     try:
         compiled, seconds = program.compile()
@@ -261,6 +185,8 @@ def fmt_row(r: dict) -> str:
     slices = f" x {r['num_slices']} slices" if r.get("num_slices", 1) > 1 else ""
     head = (f"| {r['config']} | {r['topology']}{slices} | {r['devices']} | {mesh} | {r['batch']} x {r['length']} | ")
     hbm = r["hbm_per_chip"] / GIB
+    if r.get("crashed"):
+        return head + f"not compiled: the compile's process {r['error']} | " + " | " * 8
     if "arguments" not in r:
         least = "at least " if r.get("at_least") else ""
         of = (f"{r['hbm_available'] / GIB:.2f} available" if r.get("hbm_available") else f"{hbm:.0f}")
@@ -302,13 +228,22 @@ def mesh_grid(chips: int, layers_hint: int | None = None) -> list[tuple[int, int
 
 
 def run_programs(configs, topologies, bindings, program_kind, batch=None, length=None, num_slices=1,
-                 meshes=None, on_row=None, hlo_dir=None) -> list[dict]:
+                 meshes=None, on_row=None, hlo_dir=None, isolate=False, on_start=None) -> list[dict]:
+    """The rows of each (topology, config, mesh). isolate: each in its own process (_compile_in_child),
+    so a compiler that dies on a signal gives that one a `crashed` row and the others still compile."""
     rows = []
     for topology in topologies:
         chip = chip_of(topology)
         devices = topology_devices(topology, num_slices)
         for config in configs:
             for mesh in meshes or [None]:
+                if isolate:
+                    for row in _compile_in_child(config, topology, bindings, program_kind, batch, length, num_slices,
+                                                 mesh, hlo_dir, chip, len(devices)):
+                        rows.append(row)
+                        if on_row:
+                            on_row(row)
+                    continue
                 extra = list(bindings)
                 if mesh is not None:
                     extra += ["sentemb_jax.make_mesh.data = -1", f"sentemb_jax.make_mesh.fsdp = {mesh[0]}",
@@ -321,15 +256,58 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                         extra.append(f"sentemb_jax.train.sequence_length = {length}")
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
+                from sentemb_jax.benchmarks import aot  # lazy: loads TF (seqio); a parent that only starts children stays quiet
+
                 for program in aot.build(program_kind, split_config(config), extra, devices, **kwargs):
-                    row = measure(program, topology, chip, num_slices, hlo_dir)
+                    row = measure(program, topology, chip, num_slices, hlo_dir, on_start)
                     rows.append(row)
                     if on_row:
                         on_row(row)
     return rows
 
 
-def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row=None, hlo_dir=None) -> dict:
+def _compile_in_child(config, topology, bindings, program_kind, batch, length, num_slices, mesh, hlo_dir, chip,
+                      devices) -> list[dict]:
+    """run_programs for one (config, topology, mesh) in a child process (this command with --in_process):
+    its rows; a child that dies on a signal adds a `crashed` row for the program it was compiling
+    (its description, written just before the compile), its output kept in a file the row names."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out, pending = os.path.join(tmp, "rows.json"), os.path.join(tmp, "pending.json")
+        args = ["--in_process", "--topology", topology, "--gin_file", config, "--program", program_kind,
+                "--num_slices", str(num_slices), "--json", out, "--pending", pending]
+        args += [a for flag, v in (("--batch", batch), ("--length", length), ("--hlo_dir", hlo_dir)) if v
+                 for a in (flag, str(v))]
+        args += ["--mesh", f"{mesh[0]}x{mesh[1]}"] if mesh else []
+        args += [a for b in bindings for a in ("--binding", b)]
+        done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, f"tpu_compile-{config}-{topology}")
+        rows = _read_json(out) or []
+        if died:
+            row = _read_json(pending) or {
+                "config": config, "kind": program_kind, "topology": topology, "num_slices": num_slices,
+                "devices": devices, "chip": chip.name, "batch": batch or "?", "length": length or "?",
+                "hbm_per_chip": chip.hbm_bytes,
+                "mesh": {"data": devices // (mesh[0] * mesh[1]), "fsdp": mesh[0], "model": mesh[1]} if mesh else
+                {"data": "?", "fsdp": "?", "model": "?"}}
+            if not rows or rows[-1].get("config") != row["config"] or rows[-1].get("kind") != row.get("kind"):
+                rows.append(dict(row, fits=False, crashed=True, error=died))
+            return rows
+        if done.returncode not in (0, 3):
+            last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
+            if done.returncode == 2:
+                raise ConfigError(last)
+            raise CompileFailed(f"{config} on {topology}: {last}")
+        return rows
+
+
+def _read_json(path: str):
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row=None, hlo_dir=None,
+           isolate=False) -> dict:
     """For each config and generation: the smallest slice on which some mesh of the grid fits, and
     there the mesh with the lowest predicted step time."""
     choice = {}
@@ -338,7 +316,7 @@ def search(configs, topologies_by_gen, bindings, batch=None, length=None, on_row
             for topology in names:
                 chips = len(topology_devices(topology))
                 rows = run_programs([config], [topology], bindings, "train", batch, length,
-                                    meshes=mesh_grid(chips), on_row=on_row, hlo_dir=hlo_dir)
+                                    meshes=mesh_grid(chips), on_row=on_row, hlo_dir=hlo_dir, isolate=isolate)
                 fitting = [r for r in rows if r.get("fits")]
                 if fitting:
                     best = min(fitting, key=lambda r: r["predicted"]["step_s"])
@@ -364,6 +342,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true",
                         help="smallest v4 and v5e slice (or --topology list) where a mesh of the grid fits, and its fastest mesh")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--in_process", action="store_true",
+                        help="compile in this process (default: each config x topology x mesh in its own, so a "
+                             "compiler crash names it and the rest still compile)")
+    parser.add_argument("--pending", default=None, help=argparse.SUPPRESS)  # the child's row before its compile
+    parser.add_argument("--binding", action="append", default=[], help=argparse.SUPPRESS)  # a gin line, verbatim
     parser.add_argument("--hlo_dir", default=None, help="also write each compiled HLO module's text here")
     parser.add_argument("--reanalyze", action="append", default=[],
                         help="a --json file of earlier rows: re-derive FLOPs / collectives / step from their kept "
@@ -387,6 +370,7 @@ def main(argv=None) -> int:
     args, rest = parser.parse_known_args(argv)
 
     bindings, unknown = gin_bindings(rest)
+    bindings += args.binding
     if unknown:
         parser.error(f"unrecognised argument {unknown[0]!r} (bindings are --gin.KEY=VALUE)")
     if args.reanalyze:
@@ -421,6 +405,11 @@ def main(argv=None) -> int:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1, default=str)
 
+    def on_start(r):
+        with open(args.pending, "w") as f:
+            json.dump(r, f, default=str)
+
+    isolate = not args.in_process
     try:
         if importlib.util.find_spec("libtpu") is None:
             raise LibtpuMissing(INSTALL_HINT)
@@ -431,11 +420,12 @@ def main(argv=None) -> int:
             for t in args.topology:
                 by_gen.setdefault(generation(t), []).append(t)
             _print_choice(search(args.gin_file, by_gen or SEARCH_TOPOLOGIES, bindings, args.batch, args.length, on_row,
-                                 args.hlo_dir))
+                                 args.hlo_dir, isolate))
         else:
             run_programs(args.gin_file, args.topology, bindings, args.program, args.batch, args.length,
-                         args.num_slices, meshes or None, on_row, args.hlo_dir)
-    except LibtpuMissing as e:
+                         args.num_slices, meshes or None, on_row, args.hlo_dir, isolate,
+                         on_start if args.pending else None)
+    except (LibtpuMissing, CompileFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except TopologyError as e:
@@ -448,7 +438,8 @@ def main(argv=None) -> int:
         if args.json and rows:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1, default=str)
-    short = [r for r in rows if not r.get("fits")]
+    crashed = [r for r in rows if r.get("crashed")]
+    short = [r for r in rows if not r.get("fits") and not r.get("crashed")]
     if short and not args.search:
         for r in short:
             mesh = " x ".join(str(r["mesh"].get(k, 1)) for k in ("data", "fsdp", "model"))
@@ -457,8 +448,11 @@ def main(argv=None) -> int:
             print(f"does not fit: {r['config']} on {r['topology']} (mesh {mesh}) needs {least}"
                   f"{r.get('per_device', float('nan')) / GIB:.2f} GiB per chip of {of}: short by {least}"
                   f"{r.get('shortfall', float('nan')) / GIB:.2f} GiB per chip", file=sys.stderr)
-        return 3
-    return 0
+    for r in crashed:
+        mesh = " x ".join(str(r["mesh"].get(k, "?")) for k in ("data", "fsdp", "model"))
+        print(f"not compiled: {r['config']} on {r['topology']} (mesh {mesh}): its compile's process {r['error']}",
+              file=sys.stderr)
+    return 1 if crashed else 3 if short and not args.search else 0
 
 
 if __name__ == "__main__":

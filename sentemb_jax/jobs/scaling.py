@@ -42,13 +42,14 @@ import time
 
 import gin
 from sentemb_jax import preflight, validation
+from sentemb_jax.child_process import run_module
 from sentemb_jax.errors import ConfigError, SentembError, TrainingError
 from sentemb_jax.evaluation import plots
 from sentemb_jax.evaluation.report import markdown_table
 from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS
 from sentemb_jax.evaluation.transfer import TRANSFER_TASKS
 from sentemb_jax.jobs.evaluate import eval_transfer, sts_scores
-from sentemb_jax.paths import default_data_dir, new_cache_log
+from sentemb_jax.paths import default_data_dir
 from sentemb_jax.run_dir import METRICS_JSONL, write_gin_config, write_results
 from sentemb_jax.training import faults
 
@@ -189,15 +190,11 @@ def _run_check(group: list[Rung], recipe: list[str], bindings: list[str], topolo
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
-        done = subprocess.run([sys.executable, "-m", "sentemb_jax.benchmarks.scaling_check", spec_path, out_path],
-                              capture_output=True, text=True, cwd=os.getcwd())
+        done, died = run_module("sentemb_jax.benchmarks.scaling_check", [spec_path, out_path],
+                                f"rung_check-{group[0].name}")
         log.debug("rung check output (%s):\n%s", ", ".join(r.name for r in group), done.stdout + done.stderr)
-        if done.returncode < 0:  # its output (a crash's trace) kept where the user is told, not on the console
-            kept = new_cache_log(f"rung_check-{group[0].name}")
-            with open(kept, "w", encoding="utf-8") as f:
-                f.write(done.stdout + done.stderr)
-            died = (f"its check process{' (build and TPU compile)' if topology else ''} died on "
-                    f"{signal.Signals(-done.returncode).name}; its output: {kept}")
+        if died:  # its output (a crash's trace) is kept where the user is told, not on the console
+            died = f"its check process{' (build and TPU compile)' if topology else ''} {died}"
             return {r.name: {"name": r.name, "error": died} for r in group}
         if done.returncode != 0 or not os.path.isfile(out_path):
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

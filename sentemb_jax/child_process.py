@@ -1,0 +1,34 @@
+"""Run one of our modules in a child Python process, and name the signal when it dies on one.
+
+The TPU compiler (libtpu 0.0.42) dies on a signal for some shapes (a stack overflow on its own
+threads, docs/SCALING.md). Tools that compile many configs run each compile in a child, so one
+crash names its config, keeps its output in a file, and the others are still compiled."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from sentemb_jax.paths import new_cache_log
+
+
+def signal_name(number: int) -> str:
+    """'SIGSEGV' for 11; 'signal 77' for a number the platform's enum does not know."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def run_module(module: str, args: list[str], tag: str) -> tuple[subprocess.CompletedProcess, str | None]:
+    """`python -m module args` with its output captured; (the finished process, None), or, when it died
+    on a signal, (it, "died on SIGSEGV; its output: FILE"): the output (a crash's trace) is kept in a
+    new file of the cache log directory (paths.new_cache_log), not printed."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=os.getcwd())
+    if done.returncode >= 0:
+        return done, None
+    kept = new_cache_log(tag)
+    with open(kept, "w", encoding="utf-8") as f:
+        f.write(done.stdout + done.stderr)
+    return done, f"died on {signal_name(-done.returncode)}; its output: {kept}"
