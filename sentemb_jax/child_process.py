@@ -21,6 +21,11 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def how_it_ended(returncode: int) -> str:
+    """'exited with 3', or 'died on SIGILL' for a process a signal ended (a negative return code)."""
+    return f"died on {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
+
+
 def run_module(module: str, args: list[str], tag: str) -> tuple[subprocess.CompletedProcess, str | None]:
     """`python -m module args` with its output captured; (the finished process, None), or, when it died
     on a signal, (it, "died on SIGSEGV; its output: FILE"): the output (a crash's trace) is kept in a
@@ -31,4 +36,4 @@ def run_module(module: str, args: list[str], tag: str) -> tuple[subprocess.Compl
     kept = new_cache_log(tag)
     with open(kept, "w", encoding="utf-8") as f:
         f.write(done.stdout + done.stderr)
-    return done, f"died on {signal_name(-done.returncode)}; its output: {kept}"
+    return done, f"{how_it_ended(done.returncode)}; its output: {kept}"

@@ -8,7 +8,7 @@ from sentemb_jax import child_process
 
 def test_a_child_killed_by_a_signal_is_named_and_its_output_kept(tmp_path, monkeypatch, capfd):
     (tmp_path / "abort_now.py").write_text(
-        "import os, signal, sys\nprint('abort_now: out', flush=True)\nprint('abort_now: err', file=sys.stderr, flush=True)\n"
+        "import os, resource, signal, sys\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\nprint('abort_now: out', flush=True)\nprint('abort_now: err', file=sys.stderr, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGABRT)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -90,6 +90,54 @@ def test_a_worker_in_another_python_alternates_with_the_others(tmp_path, capsys)
         bench.run_side_by_side({"broken": ([sys.executable, str(script)], ("broken", 1.0))}, rounds=1)
 
 
+def _steady_worker(conn):
+    conn.send(("ready", {"first_call_s": 0.0}))
+    bench.serve_rounds(conn, lambda: None)
+
+
+def _worker_that_dies(when: str, conn):
+    """A spawned worker (run_side_by_side's protocol) killed by a signal before it is ready or in its
+    second timed call, as XLA:CPU was by SIGILL under flags this CPU could not run (encode_throughput
+    then waited forever)."""
+    import resource
+    import signal
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if when == "at start":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    conn.send(("ready", {"first_call_s": 0.0}))
+    runs = 0
+    while conn.recv() == "run":
+        runs += 1
+        if runs == 2:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        conn.send(0.5)
+
+
+@pytest.mark.parametrize("when", ["at start", "in round 2"])
+def test_a_worker_process_that_dies_is_named_with_its_signal_not_waited_for(when, capfd):
+    """The parent holds no copy of a worker's end of the pipe, so a dead worker ends the wait; the
+    worker started before it is stopped, quietly. (The alarm only turns a regression, which would
+    wait forever, into a failure; it decides nothing else.)"""
+    import signal
+
+    def waited_forever(*_):
+        raise AssertionError("run_side_by_side still waits for a worker that died 120 s ago")
+
+    old = signal.signal(signal.SIGALRM, waited_forever)
+    signal.alarm(120)
+    try:
+        with pytest.raises(RuntimeError, match=r"^dies worker died on SIGSEGV \(its output is above\)$"):
+            bench.run_side_by_side({"steady": (_steady_worker, ()), "dies": (_worker_that_dies, (when,))},
+                                   rounds=3, count=1)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and "EOFError" not in err, err
+    assert ("round 1: steady=" in out) == (when == "in round 2") and "round 2:" not in out
+
+
 def test_the_sentence_transformers_backend_worker_keeps_its_protocol_clean(tmp_path):
     """What the libraries print to stdout (Python or native) goes to stderr, not into the protocol;
     the STS-B figure is the Spearman of the model's cosines."""

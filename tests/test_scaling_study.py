@@ -259,7 +259,7 @@ def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checke
     still checked, a good rung is not named, its output is kept in a file the error names, nothing
     is trained. The crash is placed by a gin file importing a module that sends its process SIGSEGV."""
     (tmp_path / "segfault_on_import.py").write_text(
-        "import os, signal\nprint('segfault_on_import: sending SIGSEGV', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+        "import os, resource, signal\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\nprint('segfault_on_import: sending SIGSEGV', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)\n")
     (tmp_path / "crash.gin").write_text("import segfault_on_import\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("SENTEMB_DATA_DIR", ladder_data)

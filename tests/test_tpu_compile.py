@@ -214,8 +214,8 @@ def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(t
     from sentemb_jax.benchmarks import tpu_compile
 
     (tmp_path / "segfault_on_compile.py").write_text(
-        "import os, signal\nfrom sentemb_jax.benchmarks import aot\n\n\ndef _compile(self):\n"
-        "    print('segfault_on_compile: sending SIGSEGV', flush=True)\n    os.kill(os.getpid(), signal.SIGSEGV)\n\n\n"
+        "import os, resource, signal\nfrom sentemb_jax.benchmarks import aot\n\n\ndef _compile(self):\n"
+        "    print('segfault_on_compile: sending SIGSEGV', flush=True)\n    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n    os.kill(os.getpid(), signal.SIGSEGV)\n\n\n"
         "aot.Program.compile = _compile\n")
     (tmp_path / "crash.gin").write_text("import segfault_on_compile\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))

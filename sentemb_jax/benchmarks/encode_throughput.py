@@ -46,6 +46,7 @@ from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu, usable_cores
+from sentemb_jax.child_process import how_it_ended
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
@@ -144,7 +145,18 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         model.warm_up(batch_size)  # every bucket shape (what a server does at load)
         warm = time.perf_counter() - start
     conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": _stsb_test(model, data_dir), **extra}))
-    while conn.recv() == "run":
+    serve_rounds(conn, run)
+
+
+def serve_rounds(conn, run) -> None:
+    """A worker's side of run_side_by_side: the seconds of run() for each 'run', until 'stop' or until
+    the parent is gone (its closed pipe ends the worker quietly)."""
+    while True:
+        try:
+            if conn.recv() != "run":
+                return
+        except EOFError:
+            return
         start = time.perf_counter()
         run()
         conn.send(time.perf_counter() - start)
@@ -161,20 +173,44 @@ class _CommandWorker:
 
     def send(self, message: str) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.write(message + "\n")
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(message + "\n")
+                self.proc.stdin.flush()
+            except OSError:  # BrokenPipeError: it died just now; recv() says how
+                pass
 
     def recv(self):
         line = self.proc.stdout.readline()
         if not line:
             self.log.seek(0)
             tail = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"{self.name} worker exited with {self.proc.wait()}: {' | '.join(tail)}")
+            raise RuntimeError(f"{self.name} worker {how_it_ended(self.proc.wait())}: {' | '.join(tail)}")
         value = json.loads(line)
         return ("ready", value["ready"]) if isinstance(value, dict) else value
 
     def join(self, timeout: float) -> None:
         self.proc.wait(timeout)
+
+
+class _ProcessWorker:
+    """A worker process's end of its Pipe: a worker that dies (a crash in XLA or a runtime, e.g. SIGILL
+    from flags this CPU cannot run) is a RuntimeError naming it and how it ended, not a wait forever."""
+
+    def __init__(self, name: str, conn, proc):
+        self.name, self.conn, self.proc = name, conn, proc
+
+    def send(self, message: str) -> None:
+        try:
+            self.conn.send(message)
+        except OSError:  # BrokenPipeError: it died; recv() says how
+            pass
+
+    def recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(30)
+            raise RuntimeError(f"{self.name} worker {how_it_ended(self.proc.exitcode)} (its output is above)") from None
 
 
 def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1,
@@ -185,20 +221,22 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
     ctx = mp.get_context("spawn")
     conns, procs = {}, []
     startup = {} if startup is None else startup
-    for name, (target, args) in workers.items():
-        if isinstance(target, list):
-            parent = p = _CommandWorker(name, [*target, *map(str, args)])
-        else:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=target, args=(*args, child), daemon=True)
-            p.start()
-        conns[name], procs = parent, procs + [p]
-        ready = parent.recv()
-        if not (isinstance(ready, tuple) and ready[0] == "ready"):
-            raise RuntimeError(f"{name} worker failed to start")
-        startup[name] = ready[1]
     rates: dict[str, list[float]] = {n: [] for n in workers}
-    try:
+    try:  # the workers already started are stopped and joined however this ends
+        for name, (target, args) in workers.items():
+            if isinstance(target, list):
+                parent = p = _CommandWorker(name, [*target, *map(str, args)])
+            else:
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=target, args=(*args, child), daemon=True)
+                p.start()
+                child.close()  # the worker's end lives in the worker only: its death ends the pipe (EOFError)
+                parent = _ProcessWorker(name, parent, p)
+            conns[name], procs = parent, procs + [p]
+            ready = parent.recv()
+            if not (isinstance(ready, tuple) and ready[0] == "ready"):
+                raise RuntimeError(f"{name} worker failed to start")
+            startup[name] = ready[1]
         for r in range(rounds):
             for name, conn in conns.items():
                 conn.send("run")
@@ -292,7 +330,10 @@ def main(argv=None):
             workers.update({k: ([args.st_python, ST_BACKEND_WORKER], (k, model_dir, threads, args.batch_size, data_json))
                             for k in kinds if k in ST_BACKEND_KINDS})
         startup: dict = {}
-        med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup)
+        try:
+            med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup)
+        except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
+            sys.exit(f"error: {e}")
     print(f"model={model_dir} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
     for n, v in med.items():
         s = startup[n]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import jax
@@ -23,7 +24,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.benchmarks.encode_throughput import run_side_by_side
+from sentemb_jax.benchmarks.encode_throughput import run_side_by_side, serve_rounds
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu, numpy_matmul_gflops, usable_cores
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 from sentemb_jax.data.packing import pack_batch
@@ -83,10 +84,7 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
     start = time.perf_counter()
     run()  # warm-up: the first round from cold (ours: compiles)
     conn.send(("ready", {"first_call_s": time.perf_counter() - start}))
-    while conn.recv() == "run":
-        start = time.perf_counter()
-        run()
-        conn.send(time.perf_counter() - start)
+    serve_rounds(conn, run)
 
 
 def main(argv=None):
@@ -115,7 +113,10 @@ def main(argv=None):
     if args.with_unpacked:
         workers["sentemb_jax_unpacked"] = (_worker, ("sentemb_jax", *common, False))
     startup: dict = {}
-    med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup)
+    try:
+        med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup)
+    except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
+        sys.exit(f"error: {e}")
     print(f"batch_size={args.batch_size} steps/round={args.steps} threads={threads} real tokens/pair={real_tokens_per_pair:.1f}")
     print(f"float32 matmul peak (numpy, 2048^2, this run): {peak:.0f} GFLOP/s")
     for n, v in med.items():
