@@ -179,6 +179,60 @@ def test_an_interrupted_preparation_resumes_and_workers_share_it(corpus, tmp_pat
     assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in corpus["manifest"]["shards"]]
 
 
+_KILL_SHARD_2 = """
+import os, resource, signal
+import sentemb_jax.data.prepare as prepare
+
+_write_shard = prepare.write_shard
+
+
+def write_shard(spec, task, *args):
+    if task.index == 2:  # the out-of-memory killer, placed deterministically
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _write_shard(spec, task, *args)
+
+
+prepare.write_shard = write_shard
+"""
+
+
+def test_a_killed_worker_process_is_named_not_waited_for_and_the_rerun_completes(corpus, tmp_path, monkeypatch):
+    """processes=2: a worker killed while it writes shard 2 (a sitecustomize on the workers'
+    PYTHONPATH kills it) ends the preparation with an error naming the unfinished shards, where
+    multiprocessing.Pool waited forever; the shards finished are kept and the same call, without
+    the fault, completes the corpus byte for byte. (The alarm only turns a regression into a failure.)"""
+    import signal
+
+    from sentemb_jax.errors import SentembError
+
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_KILL_SHARD_2)
+    pattern = os.path.join(corpus["root"], "raw", "cqa-*.jsonl.gz")
+    out = str(tmp_path / "out")
+
+    def waited_forever(*_):
+        raise AssertionError("prepare still waits for a worker that was killed 300 s ago")
+
+    old = signal.signal(signal.SIGALRM, waited_forever)
+    signal.alarm(300)
+    try:
+        with monkeypatch.context() as m:
+            m.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")])))
+            with pytest.raises(SentembError, match=r"a preparation worker process died .* unfinished "
+                                                   r"\(.*cqa-00002-of-00006\.array_record.*\); \d finished shard"):
+                prep.prepare(file_spec("commqa", ""), [pattern], out, 6, processes=2, kind="commqa", prefix="cqa",
+                             progress=False)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    assert not os.path.exists(os.path.join(out, "cqa-00002-of-00006.array_record.json"))
+    m = prep.prepare(file_spec("commqa", ""), [pattern], out, 6, processes=2, kind="commqa", prefix="cqa", progress=False)
+    assert [s["sha256"] for s in m["shards"]] == [s["sha256"] for s in corpus["manifest"]["shards"]]
+
+
 def test_bad_input_is_named_before_any_work(corpus, tmp_path, minilm_dir):
     spec = file_spec("commqa", "")
     with pytest.raises(DataError, match="no file matches"):

@@ -29,6 +29,8 @@ import logging
 import multiprocessing
 import os
 import tempfile
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -39,7 +41,7 @@ from sentemb_jax.data import storage
 from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
 from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
 from sentemb_jax.data.vocab import tokenizer_fingerprint, tokenizer_spec_for
-from sentemb_jax.errors import DataError
+from sentemb_jax.errors import DataError, SentembError
 from sentemb_jax.paths import is_remote
 
 log = logging.getLogger(__name__)
@@ -207,6 +209,29 @@ def _run_one(args) -> dict:
     return write_shard(spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length)
 
 
+def _run_in_processes(jobs: list, processes: int, bar) -> None:
+    """The shard jobs on `processes` spawned workers. A worker that dies (the out-of-memory killer, a
+    signal) is an error naming the shards it may have held, not a wait forever: multiprocessing.Pool
+    would replace the worker and never return its shard (concurrent.futures marks the pool broken).
+    Finished shards are kept either way: the same command continues. The first error stops the
+    shards not yet started."""
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+    futures = {pool.submit(_run_one, job): job[1].name for job in jobs}
+    try:
+        for future in as_completed(futures):
+            future.result()
+            bar.update()
+    except BrokenProcessPool:
+        lost = sorted(name for future, name in futures.items()
+                      if not future.done() or future.cancelled() or future.exception() is not None)
+        raise SentembError(f"a preparation worker process died (killed, e.g. out of memory) while {len(lost)} "
+                           f"shard(s) were unfinished ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); "
+                           f"{len(futures) - len(lost)} finished shard(s) are kept: run the same command again "
+                           f"to continue (fewer processes use less memory)") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int | None = None, *,
             on_bad_row: str = "error", dedup: bool = False, processes: int = 1, worker: tuple[int, int] = (0, 1),
             prefix: str = "data", kind: str = "", progress: bool = True, tokenizer_dir: str | None = None,
@@ -233,9 +258,7 @@ def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int 
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="prepare", unit="shard", disable=None if progress else True)
     jobs = [(spec, t, output, on_bad_row, dedup, tokenizer_dir, max_length) for t in todo]
     if processes > 1 and len(jobs) > 1:
-        with multiprocessing.get_context("spawn").Pool(min(processes, len(jobs))) as pool:
-            for _ in pool.imap_unordered(_run_one, jobs):
-                bar.update()
+        _run_in_processes(jobs, min(processes, len(jobs)), bar)
     else:
         for job in jobs:
             _run_one(job)
