@@ -210,7 +210,9 @@ class _ProcessWorker:
             return self.conn.recv()
         except EOFError:
             self.proc.join(30)
-            raise RuntimeError(f"{self.name} worker {how_it_ended(self.proc.exitcode)} (its output is above)") from None
+            code = self.proc.exitcode  # None: it closed its pipe and still runs
+            how = "closed its pipe" if code is None else how_it_ended(code)
+            raise RuntimeError(f"{self.name} worker {how} (its output is above)") from None
 
 
 def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1,
