@@ -26,14 +26,23 @@ def how_it_ended(returncode: int) -> str:
     return f"died on {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"
 
 
-def run_module(module: str, args: list[str], tag: str) -> tuple[subprocess.CompletedProcess, str | None]:
-    """`python -m module args` with its output captured; (the finished process, None), or, when it died
-    on a signal, (it, "died on SIGSEGV; its output: FILE"): the output (a crash's trace) is kept in a
-    new file of the cache log directory (paths.new_cache_log), not printed."""
-    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=os.getcwd())
-    if done.returncode >= 0:
-        return done, None
+def keep_output(done: subprocess.CompletedProcess, tag: str) -> str:
+    """A child's stdout and stderr, kept in a new file of the cache log directory; its path."""
     kept = new_cache_log(tag)
     with open(kept, "w", encoding="utf-8") as f:
         f.write(done.stdout + done.stderr)
-    return done, f"{how_it_ended(done.returncode)}; its output: {kept}"
+    return kept
+
+
+def run_module(module: str, args: list[str], tag: str,
+               env: dict | None = None) -> tuple[subprocess.CompletedProcess, str | None]:
+    """`python -m module args` with its output captured; (the finished process, None), or, when it died
+    on a signal, (it, "died on SIGSEGV; its output: FILE"): the output (a crash's trace) is kept in a
+    new file of the cache log directory (keep_output), not printed. env: variables set for the child
+    on top of this process's."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                          errors="replace", cwd=os.getcwd(),  # a crash dump need not be UTF-8
+                          env={**os.environ, **env} if env else None)
+    if done.returncode >= 0:
+        return done, None
+    return done, f"{how_it_ended(done.returncode)}; its output: {keep_output(done, tag)}"

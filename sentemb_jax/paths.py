@@ -35,8 +35,9 @@ def cache_log_dir() -> str:
 
 def new_cache_log(tag: str) -> str:
     """A new, empty file `<UTC stamp>-<tag>-<random>.log` in cache_log_dir(); its path. The tag may be
-    a config's path: what is not a word character, '.' or '-' becomes '_', so the file stays there."""
-    tag = re.sub(r"[^\w.-]+", "_", tag)
+    a config's path: what is not a word character, '.' or '-' becomes '_', so the file stays there;
+    a long tag keeps its last 80 characters."""
+    tag = re.sub(r"[^\w.-]+", "_", tag)[-80:]  # the end names it best (a config's file name); 255 bytes a name
     os.makedirs(cache_log_dir(), exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     fd, path = tempfile.mkstemp(prefix=f"{stamp}-{tag}-", suffix=".log", dir=cache_log_dir())

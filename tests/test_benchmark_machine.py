@@ -54,3 +54,23 @@ def test_the_benchmarks_keep_jax_on_the_cpu_unless_jax_platforms_says_otherwise(
         assert os.environ["JAX_PLATFORMS"] == "cuda" and jax.config.jax_platforms == before
     finally:
         jax.config.update("jax_platforms", before)
+
+
+def test_xla_dot_probe_names_the_fusion_per_flag_set_and_a_flag_set_that_kills_xla(capsys):
+    """Each flag set in its own process: a set XLA refuses (it exits on an unknown flag) is a row saying
+    so, the other set's products still give their fusion and GFLOP/s; exit 1."""
+    import re
+
+    from sentemb_jax.benchmarks import xla_dot_probe
+
+    code = xla_dot_probe.main(["--flags=", "--flags=--xla_not_a_real_flag=1", "--shape", "64x32x16", "--calls", "2",
+                               "--no_torch"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert out[0].startswith("machine: ") and out[1] == "XLA_FLAGS=''"
+    for line, dtype in zip(out[2:4], ("float32 ", "bfloat16")):
+        m = re.fullmatch(rf"  jax \S+ 64x32x16 {dtype} -> float32: +([\d.]+) GFLOP/s, fusion: (__\w+_fusion|none)", line)
+        assert m and float(m.group(1)) > 0, line
+    assert out[4] == "XLA_FLAGS='--xla_not_a_real_flag=1'"
+    assert out[5].startswith("  its process exited with 1: ") and "Unknown flag in XLA_FLAGS: --xla_not_a_real_flag=1" in out[5]
+    assert len(out) == 6

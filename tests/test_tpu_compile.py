@@ -204,7 +204,7 @@ def test_config_that_does_not_fit_prints_shortfall(capsys):
     assert "does not fit" in err and "short by" in err and "GiB per chip" in err
 
 
-def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(tmp_path, monkeypatch, capsys):
+def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(tmp_path, monkeypatch, capfd):
     """Each config compiles in its own process: one whose compiler dies on a signal (as libtpu's can,
     docs/SCALING.md) gets a "not compiled" row naming the signal, with its mesh and batch (written
     just before the compile) and a file holding its output; the next config still compiles; exit 1.
@@ -223,7 +223,7 @@ def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(t
     crashes, good = "+".join([*TINY, str(tmp_path / "crash.gin")]), "+".join(TINY)
     code = tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", crashes, "--gin_file", good, "--mesh", "2x1",
                              "--json", str(tmp_path / "rows.json"), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()  # the children's file descriptors too: their output must stay in its file
     assert code == 1, err[-2000:]
     with open(tmp_path / "rows.json") as f:
         rows = json.load(f)
@@ -239,6 +239,31 @@ def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(t
     assert "| 2 x 2 x 1 | " in out and "not compiled: the compile's process died on SIGSEGV" in out
     assert f"not compiled: {crashed['config']} on v5e:2x2 (mesh 2 x 2 x 1): its compile's process died on SIGSEGV" in err
     assert "segfault_on_compile:" not in out + err  # the crash's output stays in its file
+
+
+def test_a_compile_whose_process_fails_keeps_its_traceback_in_a_named_file(tmp_path, monkeypatch, capfd):
+    """A child that fails by an exception (not out of memory, not a signal) ends the command (exit 1)
+    with its last line and the file holding its whole output (the traceback)."""
+    from sentemb_jax.benchmarks import tpu_compile
+
+    (tmp_path / "raise_on_compile.py").write_text(
+        "from sentemb_jax.benchmarks import aot\n\n\ndef _compile(self):\n"
+        "    raise RuntimeError('raise_on_compile: not an out-of-memory error')\n\n\naot.Program.compile = _compile\n")
+    (tmp_path / "fails.gin").write_text("import raise_on_compile\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fails = "+".join([*TINY, str(tmp_path / "fails.gin")])
+    code = tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", fails,
+                             *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith(f"error: {fails} on v5e:2x2: its compile's process exited with 1: "
+                              "RuntimeError: raise_on_compile: not an out-of-memory error (its output: ")
+    kept = err[-1].split("(its output: ")[1].rstrip(")")
+    assert os.path.dirname(kept) == str(tmp_path / "cache" / "sentemb_jax" / "logs")
+    with open(kept, encoding="utf-8") as f:
+        text = f.read()
+    assert "Traceback (most recent call last)" in text and "in _compile" in text
 
 
 def test_out_of_memory_messages_give_the_shortfall():

@@ -22,7 +22,7 @@ them and compiled by the real TPU compiler. One row per (config, topology, mesh)
 * bytes accessed (cost_analysis as reported) and the bytes each chip sends per
   collective kind (all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute);
 * a roofline step time max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
-  bandwidth from CHIPS (published per-chip figures), and from it MFU and examples/s.
+  bandwidth from tpu_slices.CHIPS (published per-chip figures), and from it MFU and examples/s.
 Every step time, MFU and examples/s is PREDICTED BY THE COMPILER, NOT MEASURED.
 
 Each config x topology x mesh compiles in its own process (`--in_process`: all in this one): the
@@ -58,7 +58,7 @@ from sentemb_jax.benchmarks.tpu_slices import (
     generation,
     topology_devices,
 )
-from sentemb_jax.child_process import run_module
+from sentemb_jax.child_process import how_it_ended, keep_output, run_module
 from sentemb_jax.errors import ConfigError, UsageError
 from sentemb_jax.main import gin_bindings
 
@@ -270,7 +270,8 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
                       devices) -> list[dict]:
     """run_programs for one (config, topology, mesh) in a child process (this command with --in_process):
     its rows; a child that dies on a signal adds a `crashed` row for the program it was compiling
-    (its description, written just before the compile), its output kept in a file the row names."""
+    (its description, written just before the compile), its output kept in a file the row names. The
+    programs after it in that unit (trans_encoder has two) are then not compiled and get no row."""
     with tempfile.TemporaryDirectory() as tmp:
         out, pending = os.path.join(tmp, "rows.json"), os.path.join(tmp, "pending.json")
         args = ["--in_process", "--topology", topology, "--gin_file", config, "--program", program_kind,
@@ -292,10 +293,13 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
                 rows.append(dict(row, fits=False, crashed=True, error=died))
             return rows
         if done.returncode not in (0, 3):
-            last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
-            if done.returncode == 2:
-                raise ConfigError(last)
-            raise CompileFailed(f"{config} on {topology}: {last}")
+            lines = (done.stderr + done.stdout).strip().splitlines()
+            said = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
+            if done.returncode == 2 and said:  # a bad config or argument: its own one-line message
+                raise ConfigError(said[-1])
+            kept = keep_output(done, f"tpu_compile-{config}-{topology}")  # e.g. a traceback: whole, in a file
+            raise CompileFailed(f"{config} on {topology}: its compile's process {how_it_ended(done.returncode)}: "
+                                f"{(said or lines or ['no output'])[-1]} (its output: {kept})")
         return rows
 
 

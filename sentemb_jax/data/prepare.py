@@ -213,21 +213,21 @@ def _run_in_processes(jobs: list, processes: int, bar) -> None:
     """The shard jobs on `processes` spawned workers. A worker that dies (the out-of-memory killer, a
     signal) is an error naming the shards it may have held, not a wait forever: multiprocessing.Pool
     would replace the worker and never return its shard (concurrent.futures marks the pool broken).
-    Finished shards are kept either way: the same command continues. The first error stops the
-    shards not yet started."""
+    Finished shards are kept either way: the same command continues. The first error (a bad row)
+    cancels the shards not yet started and lets the running ones finish (kept), then is raised."""
     pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
     futures = {pool.submit(_run_one, job): job[1].name for job in jobs}
     try:
         for future in as_completed(futures):
             future.result()
             bar.update()
-    except BrokenProcessPool:
+    except BrokenProcessPool as e:  # its cause (a worker's traceback, if it had one) goes to the log
         lost = sorted(name for future, name in futures.items()
                       if not future.done() or future.cancelled() or future.exception() is not None)
         raise SentembError(f"a preparation worker process died (killed, e.g. out of memory) while {len(lost)} "
-                           f"shard(s) were unfinished ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); "
+                           f"shard(s) may not have finished ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); "
                            f"{len(futures) - len(lost)} finished shard(s) are kept: run the same command again "
-                           f"to continue (fewer processes use less memory)") from None
+                           f"to continue (fewer processes use less memory)") from e
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
