@@ -280,7 +280,9 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
                  for a in (flag, str(v))]
         args += ["--mesh", f"{mesh[0]}x{mesh[1]}"] if mesh else []
         args += [a for b in bindings for a in ("--binding", b)]
-        done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, f"tpu_compile-{config}-{topology}")
+        # The child only compiles: on a TPU VM too it must load libtpu while this process has it loaded.
+        done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, f"tpu_compile-{config}-{topology}",
+                                env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
         rows = _read_json(out) or []
         if died:
             row = _read_json(pending) or {
