@@ -295,7 +295,7 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
                 rows.append(dict(row, fits=False, crashed=True, error=died))
             return rows
         if done.returncode not in (0, 3):
-            lines = (done.stderr + done.stdout).strip().splitlines()
+            lines = done.stderr.strip().splitlines() or done.stdout.strip().splitlines()  # stdout: its rows
             said = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
             if done.returncode == 2 and said:  # a bad config or argument: its own one-line message
                 raise ConfigError(said[-1])
