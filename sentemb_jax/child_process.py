@@ -6,19 +6,11 @@ crash names its config, keeps its output in a file, and the others are still com
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
+from sentemb_jax.errors import signal_name
 from sentemb_jax.paths import new_cache_log
-
-
-def signal_name(number: int) -> str:
-    """'SIGSEGV' for 11; 'signal 77' for a number the platform's enum does not know."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def how_it_ended(returncode: int) -> str:

@@ -58,13 +58,20 @@ class TrainingError(SentembError, RuntimeError):
     """A training run that cannot start or continue (the message says why)."""
 
 
+def signal_name(number: int) -> str:
+    """'SIGSEGV' for 11; 'signal 77' for a number the platform's enum does not know."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 class Preempted(SentembError):
     """The run stopped on a signal after checkpointing `step` (exit code 128 + signum)."""
 
     def __init__(self, signum: int, step: int, checkpoint_dir: str):
         self.signum, self.step = signum, step
-        name = signal.Signals(signum).name
-        super().__init__(f"{name} after step {step}; its checkpoint is in {checkpoint_dir} - "
+        super().__init__(f"{signal_name(signum)} after step {step}; its checkpoint is in {checkpoint_dir} - "
                          "run the same command to resume from it")
 
     @property

@@ -231,6 +231,8 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                  meshes=None, on_row=None, hlo_dir=None, isolate=False, on_start=None) -> list[dict]:
     """The rows of each (topology, config, mesh). isolate: each in its own process (_compile_in_child),
     so a compiler that dies on a signal gives that one a `crashed` row and the others still compile."""
+    if not isolate:
+        from sentemb_jax.benchmarks import aot  # lazy: loads TF (seqio); a parent that only starts children stays quiet
     rows = []
     for topology in topologies:
         chip = chip_of(topology)
@@ -256,8 +258,6 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                         extra.append(f"sentemb_jax.train.sequence_length = {length}")
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
-                from sentemb_jax.benchmarks import aot  # lazy: loads TF (seqio); a parent that only starts children stays quiet
-
                 for program in aot.build(program_kind, split_config(config), extra, devices, **kwargs):
                     row = measure(program, topology, chip, num_slices, hlo_dir, on_start)
                     rows.append(row)
@@ -280,9 +280,9 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
                  for a in (flag, str(v))]
         args += ["--mesh", f"{mesh[0]}x{mesh[1]}"] if mesh else []
         args += [a for b in bindings for a in ("--binding", b)]
+        tag = f"tpu_compile-{config}-{topology}"  # names the file a crash's output is kept in
         # The child only compiles: on a TPU VM too it must load libtpu while this process has it loaded.
-        done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, f"tpu_compile-{config}-{topology}",
-                                env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+        done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, tag, env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
         rows = _read_json(out) or []
         if died:
             row = _read_json(pending) or {
@@ -299,7 +299,7 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
             said = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
             if done.returncode == 2 and said:  # a bad config or argument: its own one-line message
                 raise ConfigError(said[-1])
-            kept = keep_output(done, f"tpu_compile-{config}-{topology}")  # e.g. a traceback: whole, in a file
+            kept = keep_output(done, tag)  # e.g. a traceback: whole, in a file
             raise CompileFailed(f"{config} on {topology}: its compile's process {how_it_ended(done.returncode)}: "
                                 f"{(said or lines or ['no output'])[-1]} (its output: {kept})")
         return rows
