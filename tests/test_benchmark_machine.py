@@ -70,7 +70,7 @@ def test_xla_dot_probe_names_the_fusion_per_flag_set_and_a_flag_set_that_kills_x
     assert out[0].startswith("machine: ") and out[1] == "XLA_FLAGS=''"
     for line, dtype in zip(out[2:4], ("float32 ", "bfloat16")):
         m = re.fullmatch(rf"  jax \S+ 64x32x16 {dtype} -> float32: +([\d.]+) GFLOP/s, fusion: (__\w+_fusion|none)", line)
-        assert m and float(m.group(1)) > 0, line
+        assert m, line  # its GFLOP/s is whatever this machine gives (0.0 when loaded: 2 x 64 x 32 x 16 FLOPs)
     assert out[4] == "XLA_FLAGS='--xla_not_a_real_flag=1'"
     assert out[5].startswith("  its process exited with 1: ") and "Unknown flag in XLA_FLAGS: --xla_not_a_real_flag=1" in out[5]
     assert len(out) == 6
