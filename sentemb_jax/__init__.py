@@ -65,7 +65,7 @@ _cpu_unless_tpu()
 # The public names, loaded on first use (PEP 562): `import sentemb_jax.data.files` must not load
 # the Flax models (a package's __init__ runs before any of its modules).
 _EXPORTS = {"SentenceEncoder": "sentemb_jax.encoder", "CrossEncoder": "sentemb_jax.cross_encoder",
-            "CheckpointError": "sentemb_jax.errors"}
+            "CheckpointError": "sentemb_jax.errors", "enable_compilation_cache": "sentemb_jax.compile_cache"}
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
 

@@ -71,3 +71,8 @@ def _int_env(env: dict, key: str) -> int | None:
 def is_primary() -> bool:
     """Process 0 writes what is written once (metrics, TensorBoard, exports)."""
     return jax.process_index() == 0
+
+
+def process_index() -> int:
+    """This process's index among the job's processes (0 on one host)."""
+    return jax.process_index()

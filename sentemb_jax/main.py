@@ -8,6 +8,7 @@ checkpoint, model directory, a config's validation) -> its message and exit code
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -198,11 +199,16 @@ def _suggest_job(value) -> str:
 
 
 @gin.configurable
-def run(job=gin.REQUIRED):
-    """Runs the job chosen in gin (`run.job = @some_job`)."""
+def run(job=gin.REQUIRED, compilation_cache_dir: str | None = None):
+    """Runs the job chosen in gin (`run.job = @some_job`). compilation_cache_dir: keep XLA's compiles
+    there (sentemb_jax.compile_cache): a restarted job loads them instead of compiling again."""
     if not callable(job):
         raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{_suggest_job(job)} "
                          "(a reference to the job, with @)")
+    if compilation_cache_dir is not None:
+        from sentemb_jax.compile_cache import enable_compilation_cache  # lazy: imports jax (console first)
+
+        logging.getLogger(__name__).info("compilation cache: %s", enable_compilation_cache(compilation_cache_dir))
     return job()
 
 
@@ -264,11 +270,11 @@ def _run_job(argv: list[str], console) -> int:
             import seqio  # lazy: imports TF, only once the console has taken stderr
 
             seqio.set_tfds_data_dir_override(tfds_data_dir)
-        from sentemb_jax.distributed import initialize_distributed  # lazy: imports jax, only once the console has taken stderr
+        from sentemb_jax.distributed import initialize_distributed, process_index  # lazy: jax after the console
 
         several = initialize_distributed()  # multi-host runs: before anything touches a device
         model_dir = _model_dir_of_config()
-        process = _process_index() if several else 0
+        process = process_index() if several else 0
         console.use_model_dir(model_dir, process)
         try:
             run()
@@ -319,12 +325,6 @@ def _keep_gin_config(model_dir: str, console) -> None:
         return
     if written:
         console.log_only(f"gin config written to {written}")
-
-
-def _process_index() -> int:
-    import jax  # lazy: only once the console has taken stderr
-
-    return jax.process_index()
 
 
 def _exit_within(seconds: float, code: int) -> None:

@@ -18,7 +18,7 @@ LAYERS = [
     ("core", ["sentemb_jax.pooling", "sentemb_jax.losses", "sentemb_jax.partitioning", "sentemb_jax.distributed"]),
     ("models", ["sentemb_jax.models"]),
     ("io", ["sentemb_jax.checkpoints", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
-            "sentemb_jax.hub", "sentemb_jax.child_process"]),
+            "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache"]),
     ("data", ["sentemb_jax.data"]),
     ("inference", ["sentemb_jax.inference", "sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder",
                    "sentemb_jax.export", "sentemb_jax.onnx_export", "sentemb_jax.ensemble_encoder"]),

@@ -3,11 +3,12 @@ measured in the run (so that numbers from different machines of the pool can be 
 from __future__ import annotations
 
 import os
-import platform
 import time
 
 import jax
 import numpy as np
+
+from sentemb_jax.host import cpu_flags, cpu_model, usable_cores  # noqa: F401  (benchmarks import them from here)
 
 # Extensions that decide CPU inference speed: AVX2 / AVX-512 (float32 FMA), VNNI (int8 dot
 # products), AVX512-BF16 (bfloat16 dot products), AMX (bfloat16 / int8 matrix tiles).
@@ -16,32 +17,6 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 # would go on an older CPU): XLA (in XLA_FLAGS), ATen, MKL, oneDNN, OpenBLAS. A benchmark run
 # under them says so on its first line.
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE")
-
-
-def _cpuinfo_field(name: str) -> str | None:
-    """The first `name : value` line of /proc/cpuinfo (None off Linux)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith(name))
-    except (OSError, StopIteration):
-        return None
-
-
-def cpu_flags() -> set[str]:
-    return set((_cpuinfo_field("flags") or "").split())
-
-
-def cpu_model() -> str:
-    return _cpuinfo_field("model name") or platform.processor() or "unknown CPU"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: its affinity mask (taskset, a container's cpuset), which XLA's
-    thread pool also follows; os.cpu_count() counts the whole host."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity masks (macOS)
-        return os.cpu_count() or 1
 
 
 def keep_jax_on_cpu() -> None:
