@@ -241,6 +241,37 @@ def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(t
     assert "segfault_on_compile:" not in out + err  # the crash's output stays in its file
 
 
+def test_a_crash_in_one_of_trans_encoders_two_programs_leaves_the_others_row(tmp_path, monkeypatch, capfd):
+    """Trans-Encoder's two steps compile in two processes: a compiler that dies on the cross-encoder
+    step gives that step a crashed row, and the bi-encoder step still compiles and fits (before, the
+    step after a crash got no row). Exit 1."""
+    import json
+
+    from sentemb_jax.benchmarks import tpu_compile
+
+    (tmp_path / "segfault_on_cross_step.py").write_text(
+        "import os, resource, signal\nfrom sentemb_jax.benchmarks import aot\n\n_compile = aot.Program.compile\n\n\n"
+        "def compile_or_crash(self):\n    if self.kind == 'cross_step':\n"
+        "        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    return _compile(self)\n\n\naot.Program.compile = compile_or_crash\n")
+    (tmp_path / "crash.gin").write_text("import segfault_on_cross_step\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = "+".join([*TINY, str(tmp_path / "crash.gin")])
+    code = tpu_compile.main(["--program", "trans_encoder", "--topology", "v5e:2x2", "--gin_file", config,
+                             "--json", str(tmp_path / "rows.json"), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
+    out, err = capfd.readouterr()
+    assert code == 1, err[-2000:]
+    with open(tmp_path / "rows.json") as f:
+        rows = json.load(f)
+    assert [r["kind"] for r in rows] == ["cross_step", "bi_step"]
+    crashed, compiled = rows
+    assert crashed["crashed"] and not crashed["fits"] and crashed["error"].startswith("died on SIGSEGV; its output: ")
+    assert crashed["batch"] == 32 and crashed["length"] == 64  # its description, written before the compile
+    assert compiled["fits"] and "crashed" not in compiled and compiled["per_device"] > 0
+    assert "not compiled: the compile's process died on SIGSEGV" in out
+
+
 def test_a_compile_whose_process_fails_keeps_its_traceback_in_a_named_file(tmp_path, monkeypatch, capfd):
     """A child that fails by an exception (not out of memory, not a signal) ends the command (exit 1)
     with its last line and the file holding its whole output (the traceback)."""

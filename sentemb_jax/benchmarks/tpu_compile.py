@@ -63,6 +63,9 @@ from sentemb_jax.errors import ConfigError, UsageError
 from sentemb_jax.main import gin_bindings
 
 PREDICTED = "predicted by the compiler, not measured"
+# Kinds of more than one program (aot.build; their Program.kind): with isolation each compiles in its
+# own process, so a compiler that dies on one still gives the other's row.
+SEVERAL_PROGRAMS = {"trans_encoder": ("cross_step", "bi_step")}
 
 
 class CompileFailed(RuntimeError):
@@ -228,9 +231,10 @@ def mesh_grid(chips: int, layers_hint: int | None = None) -> list[tuple[int, int
 
 
 def run_programs(configs, topologies, bindings, program_kind, batch=None, length=None, num_slices=1,
-                 meshes=None, on_row=None, hlo_dir=None, isolate=False, on_start=None) -> list[dict]:
-    """The rows of each (topology, config, mesh). isolate: each in its own process (_compile_in_child),
-    so a compiler that dies on a signal gives that one a `crashed` row and the others still compile."""
+                 meshes=None, on_row=None, hlo_dir=None, isolate=False, on_start=None, only_program=None) -> list[dict]:
+    """The rows of each (topology, config, mesh). isolate: each program in its own process
+    (_compile_in_child), so a compiler that dies on a signal gives that one a `crashed` row and the
+    others still compile. only_program: of a kind with several programs, the one of that kind only."""
     if not isolate:
         from sentemb_jax.benchmarks import aot  # lazy: loads TF (seqio); a parent that only starts children stays quiet
     rows = []
@@ -240,11 +244,12 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
         for config in configs:
             for mesh in meshes or [None]:
                 if isolate:
-                    for row in _compile_in_child(config, topology, bindings, program_kind, batch, length, num_slices,
-                                                 mesh, hlo_dir, chip, len(devices)):
-                        rows.append(row)
-                        if on_row:
-                            on_row(row)
+                    for only in SEVERAL_PROGRAMS.get(program_kind, [None]):
+                        for row in _compile_in_child(config, topology, bindings, program_kind, batch, length,
+                                                     num_slices, mesh, hlo_dir, chip, len(devices), only):
+                            rows.append(row)
+                            if on_row:
+                                on_row(row)
                     continue
                 extra = list(bindings)
                 if mesh is not None:
@@ -259,6 +264,8 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
                 for program in aot.build(program_kind, split_config(config), extra, devices, **kwargs):
+                    if only_program is not None and program.kind != only_program:
+                        continue
                     row = measure(program, topology, chip, num_slices, hlo_dir, on_start)
                     rows.append(row)
                     if on_row:
@@ -267,11 +274,11 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
 
 
 def _compile_in_child(config, topology, bindings, program_kind, batch, length, num_slices, mesh, hlo_dir, chip,
-                      devices) -> list[dict]:
-    """run_programs for one (config, topology, mesh) in a child process (this command with --in_process):
-    its rows; a child that dies on a signal adds a `crashed` row for the program it was compiling
-    (its description, written just before the compile), its output kept in a file the row names. The
-    programs after it in that unit (trans_encoder has two) are then not compiled and get no row."""
+                      devices, only_program=None) -> list[dict]:
+    """run_programs for one (config, topology, mesh[, program]) in a child process (this command with
+    --in_process): its rows; a child that dies on a signal adds a `crashed` row for the program it
+    was compiling (its description, written just before the compile), its output kept in a file the
+    row names."""
     with tempfile.TemporaryDirectory() as tmp:
         out, pending = os.path.join(tmp, "rows.json"), os.path.join(tmp, "pending.json")
         args = ["--in_process", "--topology", topology, "--gin_file", config, "--program", program_kind,
@@ -279,14 +286,15 @@ def _compile_in_child(config, topology, bindings, program_kind, batch, length, n
         args += [a for flag, v in (("--batch", batch), ("--length", length), ("--hlo_dir", hlo_dir)) if v
                  for a in (flag, str(v))]
         args += ["--mesh", f"{mesh[0]}x{mesh[1]}"] if mesh else []
+        args += ["--only_program", only_program] if only_program else []
         args += [a for b in bindings for a in ("--binding", b)]
-        tag = f"tpu_compile-{config}-{topology}"  # names the file a crash's output is kept in
+        tag = f"tpu_compile-{config}-{topology}{'-' + only_program if only_program else ''}"  # names the file a crash's output is kept in
         # The child only compiles: on a TPU VM too it must load libtpu while this process has it loaded.
         done, died = run_module("sentemb_jax.benchmarks.tpu_compile", args, tag, env={"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
         rows = _read_json(out) or []
         if died:
             row = _read_json(pending) or {
-                "config": config, "kind": program_kind, "topology": topology, "num_slices": num_slices,
+                "config": config, "kind": only_program or program_kind, "topology": topology, "num_slices": num_slices,
                 "devices": devices, "chip": chip.name, "batch": batch or "?", "length": length or "?",
                 "hbm_per_chip": chip.hbm_bytes,
                 "mesh": {"data": devices // (mesh[0] * mesh[1]), "fsdp": mesh[0], "model": mesh[1]} if mesh else
@@ -351,6 +359,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--in_process", action="store_true",
                         help="compile in this process (default: each config x topology x mesh in its own, so a "
                              "compiler crash names it and the rest still compile)")
+    parser.add_argument("--only_program", default=None, help=argparse.SUPPRESS)  # the child's one program of several
     parser.add_argument("--pending", default=None, help=argparse.SUPPRESS)  # the child's row before its compile
     parser.add_argument("--binding", action="append", default=[], help=argparse.SUPPRESS)  # a gin line, verbatim
     parser.add_argument("--hlo_dir", default=None, help="also write each compiled HLO module's text here")
@@ -430,7 +439,7 @@ def main(argv=None) -> int:
         else:
             run_programs(args.gin_file, args.topology, bindings, args.program, args.batch, args.length,
                          args.num_slices, meshes or None, on_row, args.hlo_dir, isolate,
-                         on_start if args.pending else None)
+                         on_start if args.pending else None, args.only_program)
     except (LibtpuMissing, CompileFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
