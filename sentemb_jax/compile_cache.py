@@ -27,12 +27,16 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from sentemb_jax.errors import ConfigError
 from sentemb_jax.host import cpu_flags, cpu_model
+from sentemb_jax.paths import is_remote
 
 
 def machine_key() -> str:
     """Names what an executable compiled here depends on beyond jax's own key: the architecture,
     the CPU model and extensions, and the jax / jaxlib versions (they change the executable format)."""
-    facts = [platform.machine(), cpu_model(), sorted(cpu_flags()), jax.__version__, jaxlib.__version__]
+    flags = sorted(cpu_flags())
+    facts = [platform.machine(), cpu_model(), flags, jax.__version__, jaxlib.__version__]
+    if not flags:  # nothing says what this CPU can run (macOS, an unknown /proc/cpuinfo): this host only
+        facts.append(platform.node())
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 
@@ -40,17 +44,21 @@ def enable_compilation_cache(directory: str, min_compile_time_secs: float = 0.0)
     """Keep every compile (taking over min_compile_time_secs) in `directory`/<machine_key()>, and
     read them back in later processes; returns that path. Call it before the first compile; a call
     after it applies to the compiles from then on."""
-    if not isinstance(directory, str) or not directory.strip():
+    directory = os.fspath(directory) if isinstance(directory, os.PathLike) else directory
+    if not isinstance(directory, str) or not directory.strip() or directory.rstrip("/").endswith(":"):
         raise ConfigError(f"compilation_cache_dir={directory!r}: want a directory path")
-    if not min_compile_time_secs >= 0:
-        raise ConfigError(f"min_compile_time_secs={min_compile_time_secs!r}: want >= 0")
-    remote = "://" in directory
-    path = (directory.rstrip("/") + "/" if remote else os.path.join(os.path.expanduser(directory), "")) + machine_key()
+    if isinstance(min_compile_time_secs, bool) or not isinstance(min_compile_time_secs, (int, float)) \
+            or not min_compile_time_secs >= 0:
+        raise ConfigError(f"min_compile_time_secs={min_compile_time_secs!r}: want a number >= 0")
+    remote = is_remote(directory)
+    path = (directory.rstrip("/") + "/" if remote else os.path.join(os.path.abspath(os.path.expanduser(directory)), ""))
+    path += machine_key()
     if not remote:
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"compilation_cache_dir={directory!r}: cannot create {path}: {e.strerror}") from None
+    jax.config.update("jax_enable_compilation_cache", True)  # JAX_ENABLE_COMPILATION_CACHE=false would turn it off
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -16,11 +16,14 @@ def _cpuinfo_field(name: str) -> str | None:
 
 
 def cpu_flags() -> set[str]:
-    return set((_cpuinfo_field("flags") or "").split())
+    """The CPU's extensions (x86 `flags`, Arm `Features`); empty where /proc/cpuinfo says neither."""
+    return set((_cpuinfo_field("flags") or _cpuinfo_field("Features") or "").split())
 
 
 def cpu_model() -> str:
-    return _cpuinfo_field("model name") or platform.processor() or "unknown CPU"
+    arm = [_cpuinfo_field(f) for f in ("CPU implementer", "CPU part")]
+    return (_cpuinfo_field("model name") or (" ".join(f"Arm {v}" for v in arm) if all(arm) else None)
+            or platform.processor() or "unknown CPU")
 
 
 def usable_cores() -> int:

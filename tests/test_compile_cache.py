@@ -81,8 +81,12 @@ def test_the_job_binding_keeps_the_jobs_compiles(tmp_path, restore_jax_cache):
 def test_bad_values_are_refused_with_their_name(tmp_path, restore_jax_cache):
     with pytest.raises(ConfigError, match="compilation_cache_dir='': want a directory path"):
         compile_cache.enable_compilation_cache("")
-    with pytest.raises(ConfigError, match="min_compile_time_secs=-1: want >= 0"):
+    with pytest.raises(ConfigError, match="min_compile_time_secs=-1: want a number >= 0"):
         compile_cache.enable_compilation_cache(str(tmp_path), -1)
+    with pytest.raises(ConfigError, match="min_compile_time_secs='0': want a number >= 0"):
+        compile_cache.enable_compilation_cache(str(tmp_path), "0")
+    with pytest.raises(ConfigError, match="compilation_cache_dir='gs://': want a directory path"):
+        compile_cache.enable_compilation_cache("gs://")
     (tmp_path / "file").write_text("not a directory")
     with pytest.raises(ConfigError, match=r"compilation_cache_dir='.*/file': cannot create .*/file/"):
         compile_cache.enable_compilation_cache(str(tmp_path / "file"))
@@ -104,9 +108,17 @@ def test_the_cold_start_benchmark_alternates_and_reports_the_ratios(monkeypatch,
         return {"load_s": 1.5, "first_encode_s": 9.0, "warm_up_s": 5.0, "steady_encode_s": 5.0, "cache_hits": 0}
 
     monkeypatch.setattr(cold_start, "_start", fake_start)
+    monkeypatch.setattr(cold_start, "keep_jax_on_cpu", lambda: None)  # process-wide: not in a test
     assert cold_start.main(["--rounds", "2", "--model", minilm_dir]) == 0
     assert started == ["cache", "none", "cache", "cache", "none"]
     out = capsys.readouterr().out
     assert "warm_up_s: without / with the cache = 2.50" in out
     assert "first_encode_s: without / with the cache = 1.50" in out
     assert "first encode + warm_up: 14.00 s -> 8.00 s (1.75x)" in out
+
+
+def test_a_relative_or_pathlike_directory_is_made_absolute(tmp_path, monkeypatch, restore_jax_cache):
+    monkeypatch.chdir(tmp_path)
+    path = compile_cache.enable_compilation_cache("rel")
+    assert path == str(tmp_path / "rel" / compile_cache.machine_key()) == jax.config.jax_compilation_cache_dir
+    assert compile_cache.enable_compilation_cache(tmp_path / "p") == str(tmp_path / "p" / compile_cache.machine_key())

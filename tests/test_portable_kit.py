@@ -57,14 +57,36 @@ def test_unpacked_model_equals_the_original_on_the_kit_texts_bitwise(kit, minilm
                               SentenceEncoder.from_pretrained(minilm_dir).encode(texts[-1:]))
 
 
+def test_a_model_directory_of_links_is_packed_with_the_files_they_point_to(minilm_dir, data_dir, tmp_path):
+    """Hugging Face cache snapshots are directories of symbolic links."""
+    links = tmp_path / "snapshot"
+    links.mkdir()
+    for entry in os.listdir(minilm_dir):
+        (links / entry).symlink_to(os.path.join(minilm_dir, entry))
+    (links / "broken.json").symlink_to(tmp_path / "missing.json")
+    (links / "tf_model.h5").symlink_to(os.path.join(minilm_dir, "config.json"))  # another format's weights: left out
+    out = tmp_path / "kit"
+    assert portable_kit.main(["pack", "--out", str(out), "--model", str(links), "--data_dir", data_dir,
+                              "--entailment_rows", "10"]) == 0
+    kept = sorted(os.listdir(out / "model"))
+    assert {"config.json", "tokenizer.json", "vocab.txt", "modules.json", "1_Pooling", portable_kit.COMPACT} <= set(kept)
+    assert "tf_model.h5" not in kept and "broken.json" not in kept and "model.safetensors" not in kept
+    assert not any(os.path.islink(out / "model" / k) for k in kept)
+
+
 def test_bad_input_is_refused_before_any_work(kit, minilm_dir, data_dir, tmp_path, capsys):
     out, model = kit
     before = os.path.getmtime(os.path.join(model, "model.safetensors"))
     assert portable_kit.main(["unpack", os.path.join(out, "model"), model]) == 2
-    assert "exists; unpack into a new directory" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not empty; unpack into a new directory" in capsys.readouterr().err.strip().splitlines()[-1]
     assert os.path.getmtime(os.path.join(model, "model.safetensors")) == before
     assert portable_kit.main(["pack", "--out", out, "--model", minilm_dir, "--data_dir", data_dir]) == 2
     assert "not empty" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("x")
+    assert portable_kit.main(["pack", "--out", str(tmp_path / "a_file"), "--model", minilm_dir]) == 2
+    assert f"--out {tmp_path}/a_file: not a directory" in capsys.readouterr().err
+    assert portable_kit.main(["unpack", os.path.join(out, "model"), str(tmp_path / "a_file")]) == 2
+    assert f"{tmp_path}/a_file: not a directory" in capsys.readouterr().err
     assert portable_kit.main(["unpack", str(tmp_path), str(tmp_path / "x")]) == 1
     assert f"{tmp_path}/compact.safetensors: no such file" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
@@ -72,8 +94,8 @@ def test_bad_input_is_refused_before_any_work(kit, minilm_dir, data_dir, tmp_pat
     (tmp_path / "m" / "config.json").write_text('{"vocab_size": 30522}')
     assert portable_kit.main(["pack", "--out", str(tmp_path / "k"), "--model", str(tmp_path / "m"),
                               "--data_dir", data_dir]) == 1
-    assert f"{tmp_path}/m/tokenizer.json: no such file" in capsys.readouterr().err
-    assert not (tmp_path / "k").exists()
-    assert portable_kit.main(["pack", "--out", str(tmp_path / "k2"), "--model", minilm_dir, "--data_dir", data_dir,
+    assert f"{tmp_path}/m" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert portable_kit.main(["pack", "--out", str(tmp_path / "k"), "--model", minilm_dir, "--data_dir", data_dir,
                               "--entailment_rows", "10000000"]) == 1
     assert "entailment rows, the kit asks for 10000000" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["a_file", "m"]  # no kit, no temporary directory left behind

@@ -36,6 +36,8 @@ def child(model_dir: str, data_dir: str | None, cache: str | None) -> dict:
     jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("/cache_hits") else None)
     if cache:
         enable_compilation_cache(cache)
+    else:  # without: also none a JAX_COMPILATION_CACHE_DIR in the environment would set
+        jax.config.update("jax_enable_compilation_cache", False)
     s1, s2, _ = read_sts_pairs(os.path.join(data_dir or default_data_dir(), "stsb", "test.tsv"))
     start = time.perf_counter()
     encoder = SentenceEncoder.from_pretrained(model_dir)
