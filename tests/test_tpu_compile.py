@@ -204,6 +204,22 @@ def test_config_that_does_not_fit_prints_shortfall(capsys):
     assert "does not fit" in err and "short by" in err and "GiB per chip" in err
 
 
+def _crashing_config(tmp_path, monkeypatch, when: str = "True") -> str:
+    """TINY plus a gin file importing a module that makes aot's compile send SIGSEGV when `when` (an
+    expression of the Program `self`) holds; the child processes find the module on PYTHONPATH, and
+    a crash's output file goes under tmp_path."""
+    (tmp_path / "segfault_on_compile.py").write_text(
+        "import os, resource, signal\nfrom sentemb_jax.benchmarks import aot\n\n_compile = aot.Program.compile\n\n\n"
+        f"def compile_or_crash(self):\n    if {when}:\n"
+        "        print('segfault_on_compile: sending SIGSEGV', flush=True)\n"
+        "        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "    return _compile(self)\n\n\naot.Program.compile = compile_or_crash\n")
+    (tmp_path / "crash.gin").write_text("import segfault_on_compile\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return "+".join([*TINY, str(tmp_path / "crash.gin")])
+
+
 def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(tmp_path, monkeypatch, capfd):
     """Each config compiles in its own process: one whose compiler dies on a signal (as libtpu's can,
     docs/SCALING.md) gets a "not compiled" row naming the signal, with its mesh and batch (written
@@ -213,14 +229,7 @@ def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(t
 
     from sentemb_jax.benchmarks import tpu_compile
 
-    (tmp_path / "segfault_on_compile.py").write_text(
-        "import os, resource, signal\nfrom sentemb_jax.benchmarks import aot\n\n\ndef _compile(self):\n"
-        "    print('segfault_on_compile: sending SIGSEGV', flush=True)\n    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n    os.kill(os.getpid(), signal.SIGSEGV)\n\n\n"
-        "aot.Program.compile = _compile\n")
-    (tmp_path / "crash.gin").write_text("import segfault_on_compile\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    crashes, good = "+".join([*TINY, str(tmp_path / "crash.gin")]), "+".join(TINY)
+    crashes, good = _crashing_config(tmp_path, monkeypatch), "+".join(TINY)
     code = tpu_compile.main(["--topology", "v5e:2x2", "--gin_file", crashes, "--gin_file", good, "--mesh", "2x1",
                              "--json", str(tmp_path / "rows.json"), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
     out, err = capfd.readouterr()  # the children's file descriptors too: their output must stay in its file
@@ -249,15 +258,7 @@ def test_a_crash_in_one_of_trans_encoders_two_programs_leaves_the_others_row(tmp
 
     from sentemb_jax.benchmarks import tpu_compile
 
-    (tmp_path / "segfault_on_cross_step.py").write_text(
-        "import os, resource, signal\nfrom sentemb_jax.benchmarks import aot\n\n_compile = aot.Program.compile\n\n\n"
-        "def compile_or_crash(self):\n    if self.kind == 'cross_step':\n"
-        "        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n        os.kill(os.getpid(), signal.SIGSEGV)\n"
-        "    return _compile(self)\n\n\naot.Program.compile = compile_or_crash\n")
-    (tmp_path / "crash.gin").write_text("import segfault_on_cross_step\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    config = "+".join([*TINY, str(tmp_path / "crash.gin")])
+    config = _crashing_config(tmp_path, monkeypatch, when="self.kind == 'cross_step'")
     code = tpu_compile.main(["--program", "trans_encoder", "--topology", "v5e:2x2", "--gin_file", config,
                              "--json", str(tmp_path / "rows.json"), *[f"--gin.{b.replace(' = ', '=')}" for b in TINY_BINDINGS]])
     out, err = capfd.readouterr()
