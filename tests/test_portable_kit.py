@@ -99,3 +99,27 @@ def test_bad_input_is_refused_before_any_work(kit, minilm_dir, data_dir, tmp_pat
                               "--entailment_rows", "10000000"]) == 1
     assert "entailment rows, the kit asks for 10000000" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["a_file", "m"]  # no kit, no temporary directory left behind
+
+
+def test_a_bfloat16_checkpoint_is_packed_and_unpacked_exactly(minilm_dir, data_dir, tmp_path):
+    """Weights in any dtype safetensors holds (bf16 here) go through; the kept rows and every other
+    tensor come back exact, in bfloat16."""
+    import shutil
+
+    import jax.numpy as jnp
+    from safetensors.flax import load_file, save_file
+
+    model = tmp_path / "bf16"
+    shutil.copytree(minilm_dir, model)
+    weights = load_file(str(model / "model.safetensors"))
+    save_file({k: v.astype(jnp.bfloat16) for k, v in weights.items()}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})
+    assert portable_kit.main(["pack", "--out", str(tmp_path / "kit"), "--model", str(model), "--data_dir", data_dir,
+                              "--entailment_rows", "10"]) == 0
+    assert portable_kit.main(["unpack", str(tmp_path / "kit" / "model"), str(tmp_path / "M")]) == 0
+    a, b = load_file(str(model / "model.safetensors")), load_file(str(tmp_path / "M" / "model.safetensors"))
+    name = "embeddings.word_embeddings.weight"
+    assert {v.dtype for v in b.values()} == {jnp.dtype(jnp.bfloat16)}
+    assert all(bool((a[k] == b[k]).all()) for k in a if k != name)
+    kept = np.flatnonzero(np.any(np.asarray(b[name], np.float32) != 0, axis=1))
+    assert 1000 < len(kept) < len(a[name]) and bool((a[name][kept] == b[name][kept]).all())
