@@ -13,6 +13,12 @@ from sentemb_jax.errors import signal_name
 from sentemb_jax.paths import new_cache_log
 
 
+def what_went_wrong(done: subprocess.CompletedProcess, died: str | None) -> str:
+    """A failed child in one line: run_module's 'died on SIGSEGV; its output: FILE', or 'exited with 3:
+    <its last stderr line>'."""
+    return died or f"{how_it_ended(done.returncode)}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+
+
 def how_it_ended(returncode: int) -> str:
     """'exited with 3', or 'died on SIGILL' for a process a signal ended (a negative return code)."""
     return f"died on {signal_name(-returncode)}" if returncode < 0 else f"exited with {returncode}"

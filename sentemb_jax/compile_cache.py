@@ -40,6 +40,15 @@ def machine_key() -> str:
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
 
 
+def cache_hits() -> list[str]:
+    """A list that grows by one for each compile this process loads from the cache from now on (jax's
+    monitoring events: counted, not timed)."""
+    hits: list[str] = []
+    jax.monitoring.register_event_listener(
+        lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+    return hits
+
+
 def enable_compilation_cache(directory: str, min_compile_time_secs: float = 0.0) -> str:
     """Keep every compile (taking over min_compile_time_secs) in `directory`/<machine_key()>, and
     read them back in later processes; returns that path. Call it before the first compile; a call

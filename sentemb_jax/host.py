@@ -2,17 +2,28 @@
 (what benchmarks print first, and what keys the compilation cache: sentemb_jax.compile_cache)."""
 from __future__ import annotations
 
+import functools
 import os
 import platform
 
 
-def _cpuinfo_field(name: str) -> str | None:
-    """The first `name : value` line of /proc/cpuinfo (None off Linux)."""
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    """The first value of each field of /proc/cpuinfo (the first CPU's); empty off Linux."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith(name))
-    except (OSError, StopIteration):
-        return None
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(name.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    return _cpuinfo().get(name) or None
 
 
 def cpu_flags() -> set[str]:

@@ -17,10 +17,9 @@ from sentemb_jax.main import run
 # Counts jax's own cache-hit events (no timing): a hit is a compile loaded from the directory.
 _ENCODE_TWICE = """
 import hashlib, json, sys
-import jax
-hits = []
-jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("/cache_hits") else None)
 from sentemb_jax import SentenceEncoder, enable_compilation_cache
+from sentemb_jax.compile_cache import cache_hits
+hits = cache_hits()
 path = enable_compilation_cache(sys.argv[1])
 encoder = SentenceEncoder.from_pretrained(sys.argv[2])
 e = encoder.encode(["A man plays a guitar.", "Someone makes music.", "x " * 40], batch_size=8)

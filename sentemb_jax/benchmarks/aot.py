@@ -244,7 +244,7 @@ def encode_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devic
 
 
 def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None,
-                           label: str | None = None) -> list[Program]:
+                           label: str | None = None, only: str | None = None) -> list[Program]:
     """Trans-Encoder's two steps (methods/trans_encoder.py) for the gin file's backbone: the
     cross-encoder step (bi -> cross) and the bi-encoder step (cross -> bi) at DistillPhase's
     defaults (paper Table 16: cross batch 32 x 64 tokens, bi batch 128 x 32 per side), AdamW with
@@ -255,7 +255,10 @@ def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (
     devices = list(devices if devices is not None else jax.devices())
     one = SingleDeviceSharding(devices[0])
     programs = []
-    for kind, phase in (("cross_step", te.bi_to_cross_defaults()), ("bi_step", te.cross_to_bi_defaults())):
+    steps = {"cross_step": te.bi_to_cross_defaults, "bi_step": te.cross_to_bi_defaults}
+    if only is not None and only not in steps:
+        raise ConfigError(f"trans_encoder has no program {only!r}: {', '.join(steps)}")
+    for kind, phase in ((k, defaults()) for k, defaults in steps.items() if only in (None, k)):
         schedule = learning_rate_schedule(phase.learning_rate, 100, 1000)
         optimizer = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=phase.weight_decay)
         ids = np.ones((1, 8), np.int32)
@@ -286,9 +289,10 @@ def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (
     return programs
 
 
-def build(kind: str, gin_files: Sequence[str], bindings: Sequence[str], devices, **kwargs) -> list[Program]:
+def build(kind: str, gin_files: Sequence[str], bindings: Sequence[str], devices, only: str | None = None,
+          **kwargs) -> list[Program]:
     """Programs of one kind: 'train', 'encode', 'encode1' (one device, as SentenceEncoder.encode),
-    'trans_encoder' (both steps)."""
+    'trans_encoder' (both steps, or the one step `only` names)."""
     if kind == "train":
         return [train_program(gin_files, bindings, devices)]
     if kind == "encode":
@@ -296,6 +300,6 @@ def build(kind: str, gin_files: Sequence[str], bindings: Sequence[str], devices,
     if kind == "encode1":
         return [encode_program(gin_files, bindings, devices, sharded=False, **kwargs)]
     if kind == "trans_encoder":
-        return trans_encoder_programs(gin_files, bindings, devices)
+        return trans_encoder_programs(gin_files, bindings, devices, only=only)
     raise ConfigError(f"unknown program kind {kind!r}: train, encode, encode1, trans_encoder")
 

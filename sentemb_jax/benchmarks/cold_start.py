@@ -21,8 +21,8 @@ import time
 import jax
 
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu
-from sentemb_jax.child_process import run_module
-from sentemb_jax.compile_cache import enable_compilation_cache
+from sentemb_jax.child_process import run_module, what_went_wrong
+from sentemb_jax.compile_cache import cache_hits, enable_compilation_cache
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.hub import packaged_minilm_path
@@ -32,8 +32,7 @@ STAGES = ("load_s", "first_encode_s", "warm_up_s")
 
 def child(model_dir: str, data_dir: str | None, cache: str | None) -> dict:
     """In a fresh process: the seconds of each stage, the encode's own steady time, cache hits."""
-    hits = []
-    jax.monitoring.register_event_listener(lambda event, **_: hits.append(event) if event.endswith("/cache_hits") else None)
+    hits = cache_hits()
     if cache:
         enable_compilation_cache(cache)
     else:  # without: also none a JAX_COMPILATION_CACHE_DIR in the environment would set
@@ -57,8 +56,7 @@ def _start(args, cache: str | None) -> dict:
     extra = ["--model", args.model] + (["--data_dir", args.data_dir] if args.data_dir else [])
     done, died = run_module(__spec__.name, ["--child", *extra, *(["--cache", cache] if cache else [])], "cold_start")
     if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SystemExit(f"error: a cold-start process {died or f'exited {done.returncode}: {last}'}")
+        raise SystemExit(f"error: a cold-start process {what_went_wrong(done, died)}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

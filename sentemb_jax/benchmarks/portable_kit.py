@@ -36,7 +36,7 @@ import tempfile
 
 import jax.numpy as jnp
 import numpy as np
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.flax import save_file
 
 from sentemb_jax.checkpoints import read_safetensors_file
@@ -83,6 +83,22 @@ def kit_data(data_dir: str, out_dir: str, entailment_rows: int) -> list[str]:
     return s1 + s2 + [r[c] for r in nli for c in ("sentence1", "sentence2")]
 
 
+def _refuse_unless_new(path: str, label: str, what: str) -> None:
+    """Pack and unpack write into a new (or empty) directory only: nothing of the user's is overwritten."""
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ConfigError(f"{label}{path}: {'not a directory' if not os.path.isdir(path) else 'not empty'}; "
+                          f"{what} into a new directory (nothing was written)")
+
+
+def _read_weights(path: str) -> tuple[dict, dict]:
+    """(tensors, the file's metadata); CheckpointError naming the file if it is missing or unreadable."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: no such file")
+    tensors = read_safetensors_file(path)
+    with safe_open(path, "flax") as f:  # read_safetensors_file has just read this header
+        return tensors, f.metadata() or {}
+
+
 def _vocab_tensors(tensors: dict, vocab_size: int) -> list[str]:
     return sorted(k for k, v in tensors.items() if v.ndim == 2 and v.shape[0] == vocab_size)
 
@@ -111,16 +127,10 @@ def _copy_model_files(model_dir: str, out_dir: str) -> None:
 
 def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000) -> dict:
     """Write the kit into `out` (new or empty); a summary. Everything is read and checked first."""
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        raise ConfigError(f"--out {out}: {'not a directory' if not os.path.isdir(out) else 'not empty'}; "
-                          "the kit goes into a new directory (nothing was written)")
+    _refuse_unless_new(out, "--out ", "the kit goes")
     encoder = SentenceEncoder.from_pretrained(model_dir)  # the model loads (a bad directory is named here)
     weights = os.path.join(model_dir, WEIGHTS)
-    if not os.path.isfile(weights):
-        raise CheckpointError(f"{weights}: no such file (the kit carries safetensors weights)")
-    tensors = read_safetensors_file(weights)
-    with safe_open(weights, "flax") as f:
-        metadata = f.metadata() or {}
+    tensors, metadata = _read_weights(weights)
     vocab_size = encoder.hf_config.get("vocab_size")
     names = _vocab_tensors(tensors, vocab_size) if isinstance(vocab_size, int) else []
     if not names:
@@ -148,24 +158,18 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
 
 def unpack(kit_model_dir: str, out_dir: str) -> str:
     """Rebuild out_dir/model.safetensors (rows outside the kit zero) beside the kit's other files."""
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise ConfigError(f"{out_dir}: {'not a directory' if not os.path.isdir(out_dir) else 'not empty'}; "
-                          "unpack into a new directory (nothing was written)")
+    _refuse_unless_new(out_dir, "", "unpack")
     path = os.path.join(kit_model_dir, COMPACT)
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{path}: no such file")
-    try:
-        with safe_open(path, "flax") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from None
+    tensors, metadata = _read_weights(path)
     if IDS not in tensors or "vocab_size" not in metadata:
         raise CheckpointError(f"{path}: not written by portable_kit pack")
     ids = tensors.pop(IDS)
     for name in [k for k in tensors if k.startswith(ROWS)]:
         rows = tensors.pop(name)
-        tensors[name[len(ROWS):]] = jnp.zeros((int(metadata["vocab_size"]), rows.shape[1]), rows.dtype).at[ids].set(rows)
+        full = np.zeros((int(metadata["vocab_size"]), rows.shape[1]), rows.dtype)
+        full[ids] = rows
+        tensors[name[len(ROWS):]] = full
+    tensors = {k: jnp.asarray(v) for k, v in tensors.items()}  # safetensors.flax writes bf16 too
     shutil.copytree(kit_model_dir, out_dir, ignore=shutil.ignore_patterns(COMPACT), dirs_exist_ok=True)
     save_file(tensors, os.path.join(out_dir, WEIGHTS), metadata=json.loads(metadata.get("source_metadata", "{}")) or None)
     return os.path.join(out_dir, WEIGHTS)

@@ -263,12 +263,7 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                         extra.append(f"sentemb_jax.train.sequence_length = {length}")
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
-                programs = aot.build(program_kind, split_config(config), extra, devices, **kwargs)
-                if only_program is not None:
-                    programs = [p for p in programs if p.kind == only_program]
-                    if not programs:  # SEVERAL_PROGRAMS and aot.build disagree: say so, not a missing row
-                        raise ConfigError(f"--program {program_kind} builds no program {only_program!r}")
-                for program in programs:
+                for program in aot.build(program_kind, split_config(config), extra, devices, only_program, **kwargs):
                     row = measure(program, topology, chip, num_slices, hlo_dir, on_start)
                     rows.append(row)
                     if on_row:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import torch
 
 from sentemb_jax.benchmarks.machine import cpu_description, usable_cores
-from sentemb_jax.child_process import how_it_ended, run_module
+from sentemb_jax.child_process import run_module, what_went_wrong
 
 # MiniLM-L6 (hidden 384, FFN 1536) on 1,536 tokens: a packed batch of 64 x 24 slots.
 SHAPES = ["1536x384x384", "1536x384x1536", "1536x1536x384"]
@@ -107,8 +107,7 @@ def main(argv=None) -> int:
                       f"{r['gflops']:7.1f} GFLOP/s, fusion: {', '.join(r['fusions']) or 'none'}")
         if done.returncode:
             failed += 1
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            print(f"  its process {died or how_it_ended(done.returncode) + ': ' + last}")
+            print(f"  its process {what_went_wrong(done, died)}")
     if not args.no_torch:
         for r in torch_rows(shapes, args.calls):
             print(f"  torch {r['torch']} {'x'.join(map(str, r['shape']))} {r['dtype']:8s}: {r['gflops']:7.1f} GFLOP/s")
