@@ -32,28 +32,36 @@ def test_cpu_description_says_when_the_process_may_use_fewer_cores_than_the_host
     assert machine.cpu_description().endswith("(avx2), 2 of 16 cores")
 
 
-def test_the_benchmarks_keep_jax_on_the_cpu_unless_jax_platforms_says_otherwise(monkeypatch):
-    """On a machine with a GPU, JAX would take it while sentence-transformers' rows run on the CPU."""
+def test_the_benchmarks_keep_jax_on_the_cpu_unless_jax_platforms_says_otherwise(monkeypatch, tmp_path):
+    """On a machine with a GPU, JAX would take it while sentence-transformers' rows run on the CPU.
+    And a persistent compilation cache in the environment (this suite sets one) would make "first
+    call from cold" a load: the benchmark and its workers compile."""
     import os
     import subprocess
     import sys
 
     import jax
 
-    before = jax.config.jax_platforms
+    before = jax.config.jax_platforms, jax.config.jax_enable_compilation_cache
     monkeypatch.setenv("JAX_PLATFORMS", "")  # unset in effect; restored after the test
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("JAX_ENABLE_COMPILATION_CACHE", "true")
+    worker_reads = ("import jax, jax.numpy as jnp; jax.jit(lambda x: x + 1)(jnp.ones(2)).block_until_ready(); "
+                    "print(jax.config.jax_platforms, jax.config.jax_enable_compilation_cache)")
     try:
-        machine.keep_jax_on_cpu()
+        machine.keep_jax_on_cpu_and_compiling()
         assert os.environ["JAX_PLATFORMS"] == "cpu" and jax.config.jax_platforms == "cpu"
-        worker = subprocess.run([sys.executable, "-c", "import jax; print(jax.config.jax_platforms)"], capture_output=True,
-                                text=True, timeout=300)
-        assert worker.stdout.strip().splitlines()[-1] == "cpu"  # the workers it starts read it
-        jax.config.update("jax_platforms", before)
+        assert jax.config.jax_enable_compilation_cache is False
+        worker = subprocess.run([sys.executable, "-c", worker_reads], capture_output=True, text=True, timeout=300)
+        assert worker.stdout.strip().splitlines()[-1] == "cpu False"  # the workers it starts read it
+        assert os.listdir(tmp_path) == []  # and wrote nothing to the cache folder
+        jax.config.update("jax_platforms", before[0])
         monkeypatch.setenv("JAX_PLATFORMS", "cuda")
-        machine.keep_jax_on_cpu()
-        assert os.environ["JAX_PLATFORMS"] == "cuda" and jax.config.jax_platforms == before
+        machine.keep_jax_on_cpu_and_compiling()
+        assert os.environ["JAX_PLATFORMS"] == "cuda" and jax.config.jax_platforms == before[0]
     finally:
-        jax.config.update("jax_platforms", before)
+        jax.config.update("jax_platforms", before[0])
+        jax.config.update("jax_enable_compilation_cache", before[1])
 
 
 def test_xla_dot_probe_names_the_fusion_per_flag_set_and_a_flag_set_that_kills_xla(capsys):

@@ -107,7 +107,7 @@ def test_the_cold_start_benchmark_alternates_and_reports_the_ratios(monkeypatch,
         return {"load_s": 1.5, "first_encode_s": 9.0, "warm_up_s": 5.0, "steady_encode_s": 5.0, "cache_hits": 0}
 
     monkeypatch.setattr(cold_start, "_start", fake_start)
-    monkeypatch.setattr(cold_start, "keep_jax_on_cpu", lambda: None)  # process-wide: not in a test
+    monkeypatch.setattr(cold_start, "keep_jax_on_cpu_and_compiling", lambda: None)  # process-wide: not in a test
     assert cold_start.main(["--rounds", "2", "--model", minilm_dir]) == 0
     assert started == ["cache", "none", "cache", "cache", "none"]
     out = capsys.readouterr().out

@@ -212,7 +212,7 @@ def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monke
 
     monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
     monkeypatch.setattr(bench, "check_xla_flags", lambda flags: None)
-    monkeypatch.setattr(bench, "keep_jax_on_cpu", lambda: None)  # it would set this process's JAX platform for good
+    monkeypatch.setattr(bench, "keep_jax_on_cpu_and_compiling", lambda: None)  # it would set this process's JAX platform for good
     bench.main(["--only", "sentemb_jax_packed", "--xla_flags=--xla_cpu_use_onednn=true", "--xla_flags=--a=1 --b=2"])
     assert list(seen) == ["sentemb_jax_packed", "sentence_transformers", "sentemb_jax_packed[--xla_cpu_use_onednn=true]",
                           "sentemb_jax_packed[--a=1 --b=2]"]

@@ -45,7 +45,7 @@ from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu, usable_cores
+from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, usable_cores
 from sentemb_jax.child_process import how_it_ended
 from sentemb_jax.data.files import default_data_dir, read_sts_pairs
 from sentemb_jax.evaluation.sts import StsbEvaluator
@@ -310,7 +310,7 @@ def main(argv=None):
     except ValueError as e:
         parser.error(str(e))  # exit 2, before any work
 
-    keep_jax_on_cpu()
+    keep_jax_on_cpu_and_compiling()
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)

@@ -19,13 +19,18 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "OPENBLAS_CORETYPE")
 
 
-def keep_jax_on_cpu() -> None:
+def keep_jax_on_cpu_and_compiling() -> None:
     """These benchmarks compare CPUs, and sentence-transformers' rows run on the CPU; JAX would take
     a GPU or TPU where the machine has one. So JAX runs on the CPU too, in this process and in the
-    workers it starts, unless JAX_PLATFORMS says otherwise."""
+    workers it starts, unless JAX_PLATFORMS says otherwise.
+    They also time compiles ("first call from cold"): a persistent compilation cache set in the
+    environment (JAX_COMPILATION_CACHE_DIR) would turn those into loads from a folder, so it is off
+    here and in the workers (benchmarks.cold_start turns it on where it measures it)."""
     if not os.environ.get("JAX_PLATFORMS"):
         os.environ["JAX_PLATFORMS"] = "cpu"  # worker processes read it when they import jax
         jax.config.update("jax_platforms", "cpu")  # this process imported jax before
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 def cpu_description() -> str:

@@ -25,7 +25,7 @@ from sentence_transformers.sentence_transformer import losses
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side, serve_rounds
-from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu, numpy_matmul_gflops, usable_cores
+from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, numpy_matmul_gflops, usable_cores
 from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.hub import packaged_minilm_path
@@ -97,7 +97,7 @@ def main(argv=None):
     parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
     args = parser.parse_args(argv)
 
-    keep_jax_on_cpu()
+    keep_jax_on_cpu_and_compiling()
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)
