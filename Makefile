@@ -23,7 +23,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	# two workers, each test file on one (its module fixtures built once): 24.7 min on 2 cores (clean-clone CI of b75beb6)
+	# two workers, each test file on one (its module fixtures built once): 24.7-26.6 min on 2 cores (clean-clone CIs of b75beb6, 4330083)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 clean:
