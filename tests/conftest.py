@@ -18,12 +18,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # executable computes the same bits, so no assertion changes. Empty at the start of every run, never
 # shared between runs or machines. SENTEMB_TEST_XLA_CACHE=off compiles everything, as before.
 TEST_XLA_CACHE = "SENTEMB_TEST_XLA_CACHE"
-if os.environ.get(TEST_XLA_CACHE) == "off":
-    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-elif not os.environ.get(TEST_XLA_CACHE):
+if not os.environ.get(TEST_XLA_CACHE):
     os.environ[TEST_XLA_CACHE] = tempfile.mkdtemp(prefix="sentemb_test_xla_")
     atexit.register(shutil.rmtree, os.environ[TEST_XLA_CACHE], True)
-if os.environ[TEST_XLA_CACHE] != "off":
+if os.environ[TEST_XLA_CACHE] == "off":
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+else:
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[TEST_XLA_CACHE], JAX_ENABLE_COMPILATION_CACHE="true",
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
@@ -95,4 +95,3 @@ def _no_gin_bindings_between_tests():
     gin.clear_config()
     yield
     gin.clear_config()
-

@@ -107,10 +107,8 @@ def _example_bytes(spec: FileSpec, tokenized: bool) -> Callable[[dict], bytes]:
 
 @functools.lru_cache(maxsize=2)
 def _batch_tokenizer(tokenizer_dir: str, max_length: int) -> Callable[[tf.Tensor], tf.RaggedTensor]:
-    """texts [n] -> ids [n, (length)] (TokenizerSpec.tokenize_batch_tf), traced once per process."""
-    tokenizer = tokenizer_spec_for(tokenizer_dir)
-    return tf.function(lambda texts: tokenizer.tokenize_batch_tf(texts, max_length),
-                       input_signature=[tf.TensorSpec([None], tf.string)])
+    """texts [n] -> ids [n, (length)]: TokenizerSpec.tokenize_batch_tf, whose graph the spec builds once."""
+    return functools.partial(tokenizer_spec_for(tokenizer_dir).tokenize_batch_tf, max_length=max_length)
 
 
 def _tokenize(examples: list[dict], fields: Sequence[str], tokenizer_dir: str, max_length: int) -> list[dict]:

@@ -153,7 +153,6 @@ def tokenize_texts(dataset: tf.data.Dataset, output_features, sequence_length, *
     """Text features -> ids with the model's special tokens, truncated like HF to sequence_length.
     Tokenised TOKENIZE_BATCH examples at a time, then unbatched: the same examples in the same order."""
 
-    @tf.autograph.experimental.do_not_convert  # see AUTOGRAPH_OFF
     def fn(ex):
         ex = dict(ex)
         for name in output_features:
