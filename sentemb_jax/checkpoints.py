@@ -231,10 +231,11 @@ def _legacy_rename(name: str) -> str:
 
 
 def read_safetensors_file(path: str) -> dict[str, np.ndarray]:
-    """Every tensor of one safetensors file (numpy); CheckpointError naming the file if unreadable."""
+    """Every tensor of one safetensors file, as stored (numpy; bfloat16 as ml_dtypes' type); CheckpointError
+    naming the file if unreadable."""
     try:
         out = {}
-        with safe_open(path, framework="flax") as f:
+        with safe_open(path, framework="np") as f:  # not "flax": jax without x64 would narrow int64 to int32
             for k in f.keys():
                 out[k] = np.asarray(f.get_tensor(k))
         return out

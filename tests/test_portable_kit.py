@@ -123,3 +123,66 @@ def test_a_bfloat16_checkpoint_is_packed_and_unpacked_exactly(minilm_dir, data_d
     assert all(bool((a[k] == b[k]).all()) for k in a if k != name)
     kept = np.flatnonzero(np.any(np.asarray(b[name], np.float32) != 0, axis=1))
     assert 1000 < len(kept) < len(a[name]) and bool((a[name][kept] == b[name][kept]).all())
+
+
+def test_store_bfloat16_halves_the_kit_and_unpacks_to_the_rounded_float32_weights(minilm_dir, data_dir, tmp_path):
+    """--store_bfloat16 (room for OpenVINO in a 64 MiB transfer): each float32 tensor comes back as
+    float32, equal to the original rounded to bfloat16 (round to nearest even) and nothing else."""
+    import jax.numpy as jnp
+
+    assert portable_kit.main(["pack", "--out", str(tmp_path / "kit"), "--model", minilm_dir, "--data_dir", data_dir,
+                              "--entailment_rows", "10", "--store_bfloat16"]) == 0
+    compact = os.path.getsize(tmp_path / "kit" / "model" / portable_kit.COMPACT)
+    assert compact < 0.36 * os.path.getsize(os.path.join(minilm_dir, "model.safetensors"))
+    assert portable_kit.main(["unpack", str(tmp_path / "kit" / "model"), str(tmp_path / "M")]) == 0
+    original, rebuilt = (load_file(os.path.join(d, "model.safetensors")) for d in (minilm_dir, str(tmp_path / "M")))
+    assert sorted(original) == sorted(rebuilt) and all(original[k].dtype == rebuilt[k].dtype for k in original)
+    rounded = {k: np.asarray(jnp.asarray(v).astype(jnp.bfloat16).astype(v.dtype)) if v.dtype == np.float32 else v
+               for k, v in original.items()}
+    name = "embeddings.word_embeddings.weight"
+    assert all(np.array_equal(rounded[k], rebuilt[k]) for k in original if k != name)
+    kept = np.flatnonzero(np.any(rebuilt[name] != 0, axis=1))
+    np.testing.assert_array_equal(rebuilt[name][kept], rounded[name][kept])
+    some = next(k for k in original if k != name and original[k].ndim == 2 and original[k].dtype == np.float32)
+    assert not np.array_equal(original[some], rebuilt[some])  # it did round
+
+
+def test_the_openvino_archive_runs_an_onnx_model_on_the_cpu_without_what_it_left_out(tmp_path):
+    """KIT/openvino.tar.xz, extracted and first on PYTHONPATH, loads and runs a MatMul + Gelu ONNX
+    graph on the CPU (float32 hint: on a CPU with bf16 units OpenVINO runs bf16 by default), equal to
+    numpy; the GPU / NPU plugins and the other frontends are not in it."""
+    import subprocess
+    import sys
+    import tarfile
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    archive = tmp_path / "openvino.tar.xz"
+    portable_kit.pack_openvino(portable_kit.openvino_root(), str(archive), preset=0)
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path / "site", filter="data")
+    libs = {os.path.basename(n) for n in names if n.startswith("openvino/libs/")}
+    assert {"libopenvino_intel_cpu_plugin.so", "libopenvino_onnx_frontend.so.2640"} <= libs
+    assert not any(portable_kit.OPENVINO_UNUSED.match(n[len("openvino/"):]) for n in names)
+    assert not any("gpu" in n or "npu" in n or "pytorch_frontend" in n for n in libs)
+    w = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Gelu", ["h"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / "g.onnx"))
+    code = ("import sys, numpy as np, openvino\n"
+            "assert openvino.__file__.startswith(sys.argv[1]), openvino.__file__\n"
+            "m = openvino.Core().compile_model(sys.argv[2], 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})\n"
+            "x = np.arange(24, dtype=np.float32).reshape(3, 8) / 10\n"
+            "print(repr(np.asarray(m(x)[0]).tolist()))\n")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site"), str(tmp_path / "g.onnx")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    from scipy.special import erf
+    h = (np.arange(24, dtype=np.float64).reshape(3, 8) / 10) @ w
+    np.testing.assert_allclose(np.array(eval(run.stdout.strip().splitlines()[-1])), h / 2 * (1 + erf(h / np.sqrt(2))),
+                               rtol=1e-5, atol=1e-5)

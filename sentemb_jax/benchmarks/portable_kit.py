@@ -2,9 +2,11 @@
 network and no copy of the data, whose transfer is limited in size (issue 33: measure on every
 machine of the pool; how the Xeon leases in docs/RESULTS.md were run).
 
-    python -m sentemb_jax.benchmarks.portable_kit pack --out KIT [--model M] [--data_dir D]
+    python -m sentemb_jax.benchmarks.portable_kit pack --out KIT [--model M] [--data_dir D] \
+        [--store_bfloat16] [--openvino]
     # on the other machine, with this repository beside KIT:
     python -m sentemb_jax.benchmarks.portable_kit unpack KIT/model /tmp/M
+    tar xJf KIT/openvino.tar.xz -C SITE   # with --openvino; SITE first on PYTHONPATH
     SENTEMB_DATA_DIR=KIT/data python -m sentemb_jax.benchmarks.encode_throughput --model /tmp/M
     SENTEMB_DATA_DIR=KIT/data python -m sentemb_jax.benchmarks.train_throughput --model /tmp/M
 
@@ -20,6 +22,16 @@ weights. `unpack` rebuilds the full safetensors file, the other rows zero: on th
 model's outputs equal the original's bitwise (tests/test_portable_kit.py). With T5's tied
 lm_head, the zeroed rows' logits change; no benchmark reads them.
 
+Two options make room for OpenVINO in a 64 MiB transfer (its wheel is 59 MB):
+* `--store_bfloat16` rounds every wider float tensor to bfloat16 (half the bytes: 29 MiB for
+  all-MiniLM-L6-v2); `unpack` widens them back to their dtypes, exactly. Speed rows are unchanged
+  (dense kernels do not depend on the values); quality rows then score the rounded model (STS-B
+  test 82.04 with all-MiniLM-L6-v2, 82.03 exact), so measure quality on the exact weights elsewhere.
+* `--openvino` writes KIT/openvino.tar.xz: the installed `openvino` package without what a CPU
+  run of an ONNX model never loads (the GPU / NPU plugins, the other frameworks' frontends, C++
+  headers, the GPU kernel cache): 22 MB for openvino 2026.4.0. Its compiled extension needs the
+  same Python version on the other machine.
+
 The kit is written to a temporary directory beside --out and renamed at the end: a refused or
 failed pack leaves nothing. Keep KIT outside the repository's tracked files (the data's terms:
 ../shared/data/README.md).
@@ -27,17 +39,19 @@ failed pack leaves nothing. Keep KIT outside the repository's tracked files (the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
 import shutil
 import sys
+import tarfile
 import tempfile
 
 import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
-from safetensors.flax import save_file
+from safetensors.numpy import save_file
 
 from sentemb_jax.checkpoints import read_safetensors_file
 from sentemb_jax.data import storage
@@ -55,6 +69,10 @@ ROWS = "__kit_rows__"  # + the tensor's name
 KEPT_FILE = re.compile(r".+\.(json|txt|model)$")
 MODULE_DIR = re.compile(r"^\d+_\w+$")
 NLI_COLUMNS = ("sentence1", "sentence2", "label")
+OPENVINO_ARCHIVE = "openvino.tar.xz"
+# What a CPU run of an ONNX / IR model in OpenVINO never loads (paths inside the `openvino` package).
+OPENVINO_UNUSED = re.compile(r"^(include/|libs/cache\.json$|libs/libopenvino_intel_(gpu|npu)_plugin\.so"
+                             r"|libs/libopenvino_(tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so)")
 
 
 def _tsv_text(columns, rows) -> str:
@@ -95,7 +113,7 @@ def _read_weights(path: str) -> tuple[dict, dict]:
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: no such file")
     tensors = read_safetensors_file(path)
-    with safe_open(path, "flax") as f:  # read_safetensors_file has just read this header
+    with safe_open(path, "np") as f:  # read_safetensors_file has just read this header
         return tensors, f.metadata() or {}
 
 
@@ -125,9 +143,40 @@ def _copy_model_files(model_dir: str, out_dir: str) -> None:
             shutil.copyfile(src, os.path.join(out_dir, entry))  # follows a link (Hugging Face cache snapshots)
 
 
-def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000) -> dict:
+def _stored(tensors: dict, store_bfloat16: bool) -> tuple[dict, dict]:
+    """(tensors as the kit stores them, {name: dtype} of those unpack must widen back)."""
+    if not store_bfloat16:
+        return tensors, {}
+    wide = {k: str(v.dtype) for k, v in tensors.items() if np.issubdtype(v.dtype, np.floating) and v.dtype.itemsize > 2}
+    return {k: v.astype(jnp.bfloat16) if k in wide else v for k, v in tensors.items()}, wide  # nearest even
+
+
+def openvino_root() -> str:
+    """The installed `openvino` package's directory; ConfigError if there is none."""
+    spec = importlib.util.find_spec("openvino")  # found, not imported: its native libraries are not loaded
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("--openvino: the openvino package is not installed (pip install -e '.[onnx]')")
+    return list(spec.submodule_search_locations)[0]
+
+
+def pack_openvino(root: str, archive: str, preset: int = 6) -> int:
+    """Write the `openvino` package at root, less OPENVINO_UNUSED, as an xz tar (`openvino/...`);
+    its size in bytes."""
+    def keep(info: tarfile.TarInfo):
+        inside = os.path.relpath(info.name, "openvino").replace(os.sep, "/")
+        return None if OPENVINO_UNUSED.match(inside + ("/" if info.isdir() else "")) or "__pycache__" in inside \
+            else info
+
+    with tarfile.open(archive, "w:xz", preset=preset) as tar:
+        tar.add(root, arcname="openvino", filter=keep)
+    return os.path.getsize(archive)
+
+
+def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000,
+         store_bfloat16: bool = False, openvino: bool = False) -> dict:
     """Write the kit into `out` (new or empty); a summary. Everything is read and checked first."""
     _refuse_unless_new(out, "--out ", "the kit goes")
+    openvino_dir = openvino_root() if openvino else None
     encoder = SentenceEncoder.from_pretrained(model_dir)  # the model loads (a bad directory is named here)
     weights = os.path.join(model_dir, WEIGHTS)
     tensors, metadata = _read_weights(weights)
@@ -141,18 +190,22 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
     try:
         texts = kit_data(data_dir, os.path.join(work, "data"), entailment_rows)
         ids = _kept_ids(encoder, tensors, names, texts, keep_ids_below, vocab_size)
-        compact = {k: jnp.asarray(v) for k, v in tensors.items() if k not in names}
-        compact.update({ROWS + n: jnp.asarray(tensors[n][ids]) for n in names})
-        compact[IDS] = jnp.asarray(ids.astype(np.int32))
+        compact = {k: v for k, v in tensors.items() if k not in names}
+        compact.update({ROWS + n: np.ascontiguousarray(tensors[n][ids]) for n in names})
+        compact, widen = _stored(compact, store_bfloat16)
+        compact[IDS] = ids.astype(np.int32)
         os.makedirs(os.path.join(work, "model"))
         save_file(compact, os.path.join(work, "model", COMPACT),
-                  metadata={"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata)})
+                  metadata={"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata),
+                            "widen": json.dumps(widen)})
         _copy_model_files(model_dir, os.path.join(work, "model"))
+        if openvino_dir:
+            pack_openvino(openvino_dir, os.path.join(work, OPENVINO_ARCHIVE))
         os.replace(work, out)  # onto a missing or empty directory
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return {"rows": len(ids), "vocab_size": vocab_size, "tensors": names,
+    return {"rows": len(ids), "vocab_size": vocab_size, "tensors": names, "rounded": len(widen),
             "bytes": sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(out) for f in fs)}
 
 
@@ -164,12 +217,13 @@ def unpack(kit_model_dir: str, out_dir: str) -> str:
     if IDS not in tensors or "vocab_size" not in metadata:
         raise CheckpointError(f"{path}: not written by portable_kit pack")
     ids = tensors.pop(IDS)
+    widen = json.loads(metadata.get("widen", "{}"))  # --store_bfloat16: back to each tensor's dtype (exact)
+    tensors = {k: v.astype(widen[k]) if k in widen else v for k, v in tensors.items()}
     for name in [k for k in tensors if k.startswith(ROWS)]:
         rows = tensors.pop(name)
         full = np.zeros((int(metadata["vocab_size"]), rows.shape[1]), rows.dtype)
         full[ids] = rows
         tensors[name[len(ROWS):]] = full
-    tensors = {k: jnp.asarray(v) for k, v in tensors.items()}  # safetensors.flax writes bf16 too
     shutil.copytree(kit_model_dir, out_dir, ignore=shutil.ignore_patterns(COMPACT), dirs_exist_ok=True)
     save_file(tensors, os.path.join(out_dir, WEIGHTS), metadata=json.loads(metadata.get("source_metadata", "{}")) or None)
     return os.path.join(out_dir, WEIGHTS)
@@ -184,6 +238,10 @@ def main(argv=None) -> int:
     packing.add_argument("--data_dir", default=None)
     packing.add_argument("--entailment_rows", type=int, default=1200, help="NLI entailment pairs to keep (default 1200)")
     packing.add_argument("--keep_ids_below", type=int, default=1000)
+    packing.add_argument("--store_bfloat16", action="store_true",
+                         help="round float tensors to bfloat16 in the kit (half the bytes; unpack widens them back)")
+    packing.add_argument("--openvino", action="store_true",
+                         help=f"also write KIT/{OPENVINO_ARCHIVE}, the installed openvino for CPU runs (22 MB)")
     unpacking = sub.add_parser("unpack", help="rebuild a model directory from a kit's model")
     unpacking.add_argument("kit_model")
     unpacking.add_argument("out")
@@ -195,10 +253,14 @@ def main(argv=None) -> int:
             print(f"model: {unpack(args.kit_model, args.out)}")
             return 0
         summary = pack(args.model or packaged_minilm_path(), args.data_dir or default_data_dir(), args.out,
-                       args.entailment_rows, args.keep_ids_below)
+                       args.entailment_rows, args.keep_ids_below, args.store_bfloat16, args.openvino)
         print(f"data: {os.path.join(args.out, 'data')} (STS-B test, NLI pairs to {args.entailment_rows} entailment rows)")
         print(f"model: {os.path.join(args.out, 'model')} ({summary['rows']} of {summary['vocab_size']} rows of "
-              f"{', '.join(summary['tensors'])}; kit {summary['bytes'] / 2**20:.1f} MiB)")
+              f"{', '.join(summary['tensors'])}"
+              f"{'; ' + str(summary['rounded']) + ' tensors rounded to bfloat16' if summary['rounded'] else ''}"
+              f"; kit {summary['bytes'] / 2**20:.1f} MiB)")
+        if args.openvino:
+            print(f"openvino: {os.path.join(args.out, OPENVINO_ARCHIVE)}")
         return 0
     except SentembError as e:
         print(f"error: {e}", file=sys.stderr)
