@@ -49,7 +49,14 @@ from sentemb_jax.encoder import (
     _within_positions,
     _write_json,
 )
-from sentemb_jax.inference import DeviceParams, compile_instead_of_run, run_length_sorted, run_packed, warm_up_lengths
+from sentemb_jax.inference import (
+    DeviceParams,
+    compile_instead_of_run,
+    params_for_compute,
+    run_length_sorted,
+    run_packed,
+    warm_up_lengths,
+)
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
@@ -191,13 +198,13 @@ class CrossEncoder:
         if compile_only:
             logits_packed, logits_padded = compile_instead_of_run(logits_packed), compile_instead_of_run(logits_padded)
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: logits_packed(self.params, jax.device_put(arrays)), (), self.tokenizer.pad_id,
+            return run_packed(ids, batch_size, lambda arrays: logits_packed(params_for_compute(self), jax.device_put(arrays)), (), self.tokenizer.pad_id,
                               extras=None if types is None else {"token_type_ids": types}, buckets=self.tokenizer.buckets,
                               desc="predict")
 
         def logits(chunk, rows):
             feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
-            return logits_padded(self.params, jax.device_put(feats))
+            return logits_padded(params_for_compute(self), jax.device_put(feats))
 
         return run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
 

@@ -27,7 +27,14 @@ from tqdm.auto import tqdm
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoints import CheckpointError
-from sentemb_jax.inference import DeviceParams, compile_instead_of_run, run_length_sorted, run_packed, warm_up_lengths
+from sentemb_jax.inference import (
+    DeviceParams,
+    compile_instead_of_run,
+    params_for_compute,
+    run_length_sorted,
+    run_packed,
+    warm_up_lengths,
+)
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
@@ -413,11 +420,11 @@ class SentenceEncoder(contract.ModelSettings):
         if compile_only:
             embed_packed, embed_padded = compile_instead_of_run(embed_packed), compile_instead_of_run(embed_padded)
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: embed_packed(self.params, jax.device_put(arrays)), (dim,),
+            return run_packed(ids, batch_size, lambda arrays: embed_packed(params_for_compute(self), jax.device_put(arrays)), (dim,),
                               self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
 
         def embed(chunk, rows):
-            return embed_padded(self.params, *self._padded_on_device([ids[i] for i in chunk], rows))
+            return embed_padded(params_for_compute(self), *self._padded_on_device([ids[i] for i in chunk], rows))
 
         return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
 
@@ -450,7 +457,7 @@ class SentenceEncoder(contract.ModelSettings):
         out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
         for start in tqdm(range(0, len(ids), batch_size), desc="encode", disable=not show, unit="batch"):
             chunk = order[start : start + batch_size]
-            hidden = np.asarray(self._tokens(self.params, *self._padded_on_device([ids[i] for i in chunk], rows)))
+            hidden = np.asarray(self._tokens(params_for_compute(self), *self._padded_on_device([ids[i] for i in chunk], rows)))
             for row, i in enumerate(chunk):
                 out[i] = hidden[row, : len(ids[i])]
         return out

@@ -59,3 +59,23 @@ def test_its_derivative_is_the_normal_cdf_plus_x_times_the_normal_pdf():
     assert abs(float(value) - 1.5 * norm.cdf(1.5)) < 1e-6
     assert jax.grad(lambda x: gelu_erf(x).sum())(jnp.ones(3, jnp.bfloat16)).dtype == jnp.bfloat16
     assert "custom_jvp_call" in str(jax.make_jaxpr(gelu_erf)(X[:4]))
+
+
+def test_bfloat16_is_computed_in_float32_and_rounded_once_as_torch_does():
+    """A bf16 x: the float32 GELU of x rounded to bf16 once, which is torch's bf16 GELU. Rounding
+    after each operation (XLA's bf16 elementwise) cost 27% of a bf16 MiniLM encode (issue 33)."""
+    x = jnp.asarray(X).astype(jnp.bfloat16)
+    ours = jax.jit(gelu_erf)(x)
+    assert ours.dtype == jnp.bfloat16
+    once = np.asarray(jax.jit(gelu_erf)(x.astype(jnp.float32)).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(np.asarray(ours), once)
+    theirs = torch.nn.functional.gelu(torch.from_numpy(np.asarray(x, np.float32)).bfloat16()).float().numpy()
+    ours32 = np.asarray(ours, np.float32)
+    # Torch's bf16 GELU is its float32 GELU rounded once. Equal on 95% of X (21% when rounding after
+    # each op); the rest are within the float32 tolerance above plus one bf16 step.
+    assert np.mean(ours32 == theirs) > 0.9
+    np.testing.assert_allclose(ours32, theirs, rtol=2 ** -7, atol=2e-6)
+    hlo = jax.jit(gelu_erf).lower(x).compile().as_text()
+    assert hlo.count(" convert(") <= 4  # in and out, not two per operation (~50 before)
+    grad = jax.jit(jax.grad(lambda v: gelu_erf(v).astype(jnp.float32).sum()))(x)
+    assert grad.dtype == jnp.bfloat16

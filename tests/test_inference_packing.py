@@ -6,15 +6,18 @@ from __future__ import annotations
 import contextlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hf_models import make_t5
 from jax._src.dispatch import BACKEND_COMPILE_EVENT  # the event name jax records per backend compile
 
 from sentemb_jax import SentenceEncoder
+from sentemb_jax import cross_encoder as cross_module
+from sentemb_jax import encoder as encoder_module
 from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.data.packing import fill_rows
-from sentemb_jax.inference import pack_blocks
+from sentemb_jax.inference import pack_blocks, params_for_compute
 
 LONG = " ".join(f"word{i} tokens and more" for i in range(60))  # > 128 MiniLM tokens: rows grow to its bucket
 
@@ -191,3 +194,39 @@ def test_device_params_puts_host_leaves_once_and_keeps_device_ones(minilm_dir):
         np.testing.assert_array_equal(np.asarray(got), want)
     encoder.params = None  # a tower the train loop initialises
     assert encoder.params is None
+
+
+def test_bfloat16_inference_casts_the_kernels_once_with_the_same_results(minilm_dir, stsb_test):
+    """dtype="bfloat16": the jitted calls take the backbone's Dense kernels already in bfloat16
+    (inference.params_for_compute), made once per assignment of `params`, which stay float32 (saving,
+    export). The embeddings and scores equal those of the float32 kernels cast inside each call (the
+    Dense layers' own cast), bitwise; the compiled program converts no kernel."""
+    s1, s2, _ = stsb_test
+    texts, pairs = s1[:40] + [LONG], list(zip(s1[:30], s2[:30]))
+    encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40, dtype="bfloat16")
+    cross = CrossEncoder.from_pretrained(minilm_dir, seed=1, dtype="bfloat16")
+    for model in (encoder, cross):
+        compute = params_for_compute(model)
+        assert params_for_compute(model) is compute  # kept
+        leaves = jax.tree_util.tree_leaves_with_path(compute["backbone"])
+        kernels = [v for p, v in leaves if p[-1].key == "kernel"]
+        loaded = [p for p, _ in jax.tree_util.tree_leaves_with_path(model.params["backbone"]) if p[-1].key == "kernel"]
+        assert len(kernels) == len(loaded) >= 36 and all(v.dtype == jnp.bfloat16 for v in kernels)  # 6 layers x 6 Dense
+        assert all(v.dtype == jnp.float32 for p, v in leaves if p[-1].key != "kernel")  # biases, norms, tables
+        assert all(v.dtype == jnp.float32 for v in jax.tree_util.tree_leaves(model.params))
+    as_loaded = lambda model: model.params  # noqa: E731  (the float32 tree: each call casts the kernels)
+    for packed in (False, True):
+        encoder.packed = cross.packed = packed
+        got = encoder.encode(texts, batch_size=16), cross.predict(pairs, batch_size=16)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(encoder_module, "params_for_compute", as_loaded)
+            m.setattr(cross_module, "params_for_compute", as_loaded)
+            want = encoder.encode(texts, batch_size=16), cross.predict(pairs, batch_size=16)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    ids = np.zeros((16, 32), np.int32)
+    converts = [encoder._embed.lower(p, ids, ids).compile().as_text().count(" convert(")
+                for p in (params_for_compute(encoder), encoder.params)]
+    assert converts[1] - converts[0] >= 36  # the 36 kernels' casts left the program
+    encoder.params = jax.device_get(encoder.params)  # a new assignment: a new compute copy
+    assert params_for_compute(encoder) is not compute
