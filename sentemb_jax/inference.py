@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -62,12 +63,12 @@ def params_for_compute(obj):
     dtype. The Dense layers cast them on use; done in every call, the casts were 13% of a bf16
     MiniLM encode on 2 cores (issue 33). Same values; made once per assignment of `params` and kept
     beside them (MiniLM: +44 MiB); `params` itself stays as loaded, for saving and export."""
-    dtype = jax.numpy.dtype(obj.module.backbone_config.dtype)
+    dtype = jnp.dtype(obj.module.backbone_config.dtype)
     if dtype.itemsize >= 4:
         return obj.params
     if _COMPUTE_SLOT not in obj.__dict__:
         def narrow(path, leaf):
-            kernel = getattr(path[-1], "key", None) == "kernel" and jax.numpy.issubdtype(leaf.dtype, jax.numpy.floating)
+            kernel = getattr(path[-1], "key", None) == "kernel" and jnp.issubdtype(leaf.dtype, jnp.floating)
             return leaf.astype(dtype) if kernel and leaf.dtype.itemsize > dtype.itemsize else leaf
         tree = dict(obj.params)
         tree["backbone"] = jax.tree_util.tree_map_with_path(narrow, tree["backbone"])

@@ -79,3 +79,5 @@ def test_bfloat16_is_computed_in_float32_and_rounded_once_as_torch_does():
     assert hlo.count(" convert(") <= 4  # in and out, not two per operation (~50 before)
     grad = jax.jit(jax.grad(lambda v: gelu_erf(v).astype(jnp.float32).sum()))(x)
     assert grad.dtype == jnp.bfloat16
+    _, backward = jax.vjp(gelu_erf, x[:64])  # what training keeps per layer: bf16, not float32
+    assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(backward) if hasattr(leaf, "dtype")} == {jnp.dtype(jnp.bfloat16)}

@@ -65,7 +65,9 @@ def _gelu_erf_jvp(primals, tangents):
     wide = _at_least_float32(x)
     cdf = _normal_cdf(wide)
     pdf = jnp.exp(-0.5 * wide * wide) * jnp.asarray(0.3989422804014327, wide.dtype)  # 1 / sqrt(2 pi)
-    return (wide * cdf).astype(x.dtype), (t * (cdf + wide * pdf)).astype(t.dtype)
+    # the slope rounded to t's dtype before the product: what linearize keeps for the backward pass
+    # stays one bf16 [tokens, 4h] per layer in bf16 training, not a float32 one
+    return (wide * cdf).astype(x.dtype), t * (cdf + wide * pdf).astype(t.dtype)
 
 
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
