@@ -237,7 +237,7 @@ def read_safetensors_file(path: str) -> dict[str, np.ndarray]:
         out = {}
         with safe_open(path, framework="np") as f:  # not "flax": jax without x64 would narrow int64 to int32
             for k in f.keys():
-                out[k] = np.asarray(f.get_tensor(k))
+                out[k] = f.get_tensor(k)
         return out
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read safetensors file ({e})") from None

@@ -197,14 +197,15 @@ class CrossEncoder:
         logits_packed, logits_padded = self._logits_packed, self._logits
         if compile_only:
             logits_packed, logits_padded = compile_instead_of_run(logits_packed), compile_instead_of_run(logits_padded)
+        params = params_for_compute(self)
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: logits_packed(params_for_compute(self), jax.device_put(arrays)), (), self.tokenizer.pad_id,
+            return run_packed(ids, batch_size, lambda arrays: logits_packed(params, jax.device_put(arrays)), (), self.tokenizer.pad_id,
                               extras=None if types is None else {"token_type_ids": types}, buckets=self.tokenizer.buckets,
                               desc="predict")
 
         def logits(chunk, rows):
             feats = self.tokenizer.pad([ids[i] for i in chunk], rows, None if types is None else [types[i] for i in chunk])
-            return logits_padded(params_for_compute(self), jax.device_put(feats))
+            return logits_padded(params, jax.device_put(feats))
 
         return run_length_sorted([len(x) for x in ids], batch_size, logits, desc="predict")
 

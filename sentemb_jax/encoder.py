@@ -419,12 +419,13 @@ class SentenceEncoder(contract.ModelSettings):
         embed_packed, embed_padded = self._embed_packed, self._embed
         if compile_only:
             embed_packed, embed_padded = compile_instead_of_run(embed_packed), compile_instead_of_run(embed_padded)
+        params = params_for_compute(self)
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: embed_packed(params_for_compute(self), jax.device_put(arrays)), (dim,),
+            return run_packed(ids, batch_size, lambda arrays: embed_packed(params, jax.device_put(arrays)), (dim,),
                               self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
 
         def embed(chunk, rows):
-            return embed_padded(params_for_compute(self), *self._padded_on_device([ids[i] for i in chunk], rows))
+            return embed_padded(params, *self._padded_on_device([ids[i] for i in chunk], rows))
 
         return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
 
@@ -455,9 +456,10 @@ class SentenceEncoder(contract.ModelSettings):
         order = np.argsort([-len(x) for x in ids], kind="stable")
         rows = batch_size if len(ids) >= batch_size else 1 << (len(ids) - 1).bit_length()
         out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
+        params = params_for_compute(self)
         for start in tqdm(range(0, len(ids), batch_size), desc="encode", disable=not show, unit="batch"):
             chunk = order[start : start + batch_size]
-            hidden = np.asarray(self._tokens(params_for_compute(self), *self._padded_on_device([ids[i] for i in chunk], rows)))
+            hidden = np.asarray(self._tokens(params, *self._padded_on_device([ids[i] for i in chunk], rows)))
             for row, i in enumerate(chunk):
                 out[i] = hidden[row, : len(ids[i])]
         return out

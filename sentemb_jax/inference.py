@@ -51,29 +51,27 @@ class DeviceParams:
         if any(isinstance(leaf, np.ndarray) for leaf in jax.tree_util.tree_leaves(tree)):
             tree = jax.tree_util.tree_map(lambda leaf: jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf, tree)
         obj.__dict__[self.slot] = tree
-        obj.__dict__.pop(_COMPUTE_SLOT, None)
-
-
-_COMPUTE_SLOT = "_params_for_compute"
 
 
 def params_for_compute(obj):
     """`obj.params` (a SentenceEncoder / CrossEncoder) as its jitted calls take them: with a compute
     dtype narrower than the weights (dtype="bfloat16"), the backbone's Dense kernels already in that
     dtype. The Dense layers cast them on use; done in every call, the casts were 13% of a bf16
-    MiniLM encode on 2 cores (issue 33). Same values; made once per assignment of `params` and kept
-    beside them (MiniLM: +44 MiB); `params` itself stays as loaded, for saving and export."""
+    MiniLM encode on 2 cores (issue 33). Same values; made once per params tree (a new assignment
+    is a new tree) and kept beside it (MiniLM: +44 MiB); `params` itself stays as loaded, for saving
+    and export."""
     dtype = jnp.dtype(obj.module.backbone_config.dtype)
+    params = obj.params
     if dtype.itemsize >= 4:
-        return obj.params
-    if _COMPUTE_SLOT not in obj.__dict__:
+        return params
+    made_from, compute = obj.__dict__.get("_params_for_compute", (None, None))
+    if made_from is not params:
         def narrow(path, leaf):
             kernel = getattr(path[-1], "key", None) == "kernel" and jnp.issubdtype(leaf.dtype, jnp.floating)
             return leaf.astype(dtype) if kernel and leaf.dtype.itemsize > dtype.itemsize else leaf
-        tree = dict(obj.params)
-        tree["backbone"] = jax.tree_util.tree_map_with_path(narrow, tree["backbone"])
-        obj.__dict__[_COMPUTE_SLOT] = tree
-    return obj.__dict__[_COMPUTE_SLOT]
+        compute = {**params, "backbone": jax.tree_util.tree_map_with_path(narrow, params["backbone"])}
+        obj.__dict__["_params_for_compute"] = (params, compute)
+    return compute
 
 
 def compile_instead_of_run(jitted) -> Callable:

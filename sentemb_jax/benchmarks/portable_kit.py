@@ -159,9 +159,8 @@ def openvino_root() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def pack_openvino(root: str, archive: str, preset: int = 6) -> int:
-    """Write the `openvino` package at root, less OPENVINO_UNUSED, as an xz tar (`openvino/...`);
-    its size in bytes."""
+def pack_openvino(root: str, archive: str, preset: int = 6) -> None:
+    """Write the `openvino` package at root, less OPENVINO_UNUSED, as an xz tar (`openvino/...`)."""
     def keep(info: tarfile.TarInfo):
         inside = os.path.relpath(info.name, "openvino").replace(os.sep, "/")
         return None if OPENVINO_UNUSED.match(inside + ("/" if info.isdir() else "")) or "__pycache__" in inside \
@@ -169,7 +168,6 @@ def pack_openvino(root: str, archive: str, preset: int = 6) -> int:
 
     with tarfile.open(archive, "w:xz", preset=preset) as tar:
         tar.add(root, arcname="openvino", filter=keep)
-    return os.path.getsize(archive)
 
 
 def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000,
@@ -255,10 +253,9 @@ def main(argv=None) -> int:
         summary = pack(args.model or packaged_minilm_path(), args.data_dir or default_data_dir(), args.out,
                        args.entailment_rows, args.keep_ids_below, args.store_bfloat16, args.openvino)
         print(f"data: {os.path.join(args.out, 'data')} (STS-B test, NLI pairs to {args.entailment_rows} entailment rows)")
+        rounded = f"; {summary['rounded']} tensors rounded to bfloat16" if summary["rounded"] else ""
         print(f"model: {os.path.join(args.out, 'model')} ({summary['rows']} of {summary['vocab_size']} rows of "
-              f"{', '.join(summary['tensors'])}"
-              f"{'; ' + str(summary['rounded']) + ' tensors rounded to bfloat16' if summary['rounded'] else ''}"
-              f"; kit {summary['bytes'] / 2**20:.1f} MiB)")
+              f"{', '.join(summary['tensors'])}{rounded}; kit {summary['bytes'] / 2**20:.1f} MiB)")
         if args.openvino:
             print(f"openvino: {os.path.join(args.out, OPENVINO_ARCHIVE)}")
         return 0
