@@ -10,6 +10,7 @@ from safetensors.numpy import load_file
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks import portable_kit
 from sentemb_jax.data.files import FileSpec, read_examples, read_sts_pairs
+from sentemb_jax.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +160,8 @@ def test_the_openvino_archive_runs_an_onnx_model_on_the_cpu_without_what_it_left
     from onnx import TensorProto, helper, numpy_helper
 
     archive = tmp_path / "openvino.tar.xz"
-    portable_kit.pack_openvino(portable_kit.openvino_root(), str(archive), preset=0)
+    assert portable_kit.pack_openvino(portable_kit.openvino_root(), str(archive), preset=0) == \
+        sys.implementation.cache_tag
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         tar.extractall(tmp_path / "site", filter="data")
@@ -186,3 +188,45 @@ def test_the_openvino_archive_runs_an_onnx_model_on_the_cpu_without_what_it_left
     h = (np.arange(24, dtype=np.float64).reshape(3, 8) / 10) @ w
     np.testing.assert_allclose(np.array(eval(run.stdout.strip().splitlines()[-1])), h / 2 * (1 + erf(h / np.sqrt(2))),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_openvino_archive_from_a_wheel_names_its_python_and_bad_sources_are_refused(tmp_path):
+    """`--openvino WHEEL` packs another Python's openvino (the lent machines run 3.12, this one
+    3.11: the fifth Xeon lease's first call failed on it): the archive holds the wheel's package
+    less OPENVINO_UNUSED, and pack_openvino returns the Python its extension was built for. A file
+    that is not a wheel, a wheel without openvino/, or one without the compiled extension is a
+    ConfigError naming it, and pack refuses a missing wheel before writing anything."""
+    import tarfile
+    import zipfile
+
+    wheel = tmp_path / "openvino-9-cp312-cp312-manylinux_2_28_x86_64.whl"
+    kept = ["openvino/__init__.py", "openvino/_pyopenvino.cpython-312-x86_64-linux-gnu.so",
+            "openvino/libs/libopenvino_intel_cpu_plugin.so", "openvino/libs/libopenvino_onnx_frontend.so.2640"]
+    dropped = ["openvino/libs/libopenvino_intel_gpu_plugin.so", "openvino/libs/libopenvino_pytorch_frontend.so",
+               "openvino/include/openvino.hpp", "openvino/libs/cache.json", "openvino/__pycache__/a.pyc",
+               "openvino-9.dist-info/METADATA"]
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name in kept + dropped:
+            z.writestr(name, name)
+    archive = tmp_path / "ov.tar.xz"
+    assert portable_kit.pack_openvino(str(wheel), str(archive), preset=0) == "cpython-312"
+    with tarfile.open(archive) as tar:
+        files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+    assert files == {name: name for name in kept}
+
+    def refused(source, needle):
+        with pytest.raises(ConfigError, match=needle):
+            portable_kit.pack_openvino(str(source), str(tmp_path / "refused.tar.xz"), preset=0)
+        assert not (tmp_path / "refused.tar.xz").exists()
+
+    (tmp_path / "text.whl").write_text("not a zip")
+    refused(tmp_path / "text.whl", "text.whl: not a wheel")
+    with zipfile.ZipFile(tmp_path / "other.whl", "w") as z:
+        z.writestr("other/__init__.py", "")
+    refused(tmp_path / "other.whl", "other.whl: the wheel holds no openvino/ package")
+    with zipfile.ZipFile(tmp_path / "pure.whl", "w") as z:
+        z.writestr("openvino/__init__.py", "")
+    refused(tmp_path / "pure.whl", r"no single compiled openvino/_pyopenvino")
+    with pytest.raises(ConfigError, match="missing.whl: no such wheel file"):
+        portable_kit.pack(str(tmp_path), str(tmp_path), str(tmp_path / "kit"), openvino=str(tmp_path / "missing.whl"))
+    assert not (tmp_path / "kit").exists()

@@ -2,7 +2,10 @@
 # Issue 33 on a lent machine's CPU: every encode / training row of docs/RESULTS.md in one call, as
 # jobs side by side on distinct 2-core pairs (taskset), each alternating its rows round by round.
 #
-#   python -m sentemb_jax.benchmarks.portable_kit pack --out .devcarry/kit --store_bfloat16 --openvino
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+#       -d /tmp/ov openvino==2026.4.0                           # the lent machines' python3 is 3.12
+#   python -m sentemb_jax.benchmarks.portable_kit pack --out .devcarry/kit --store_bfloat16 \
+#       --openvino /tmp/ov/openvino-2026.4.0-*.whl
 #   pip download --no-deps -d .devcarry/kit/whl jax2onnx==0.17.1 gin-config==0.5.0 tensorboardX==2.6.5
 #   # then, on the lent machine (the `run` tool: carry [".devcarry/kit"], timeout_s 560):
 #   bash sentemb_jax/benchmarks/cpu_lease.sh .devcarry/kit
@@ -22,7 +25,14 @@ if [ -n "${QUICK:-}" ]; then r5=1 r3=1; BG=; else r5=5 r3=3; BG="&"; fi
 if ls "$KIT"/whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $SITE "$KIT"/whl/*.whl || exit 3
 fi
-[ -f "$KIT/openvino.tar.xz" ] && { tar xJf "$KIT/openvino.tar.xz" -C $SITE || exit 3; }
+if [ -f "$KIT/openvino.tar.xz" ]; then  # its compiled extension runs on one Python version: check before any job
+  tar xJf "$KIT/openvino.tar.xz" -C $SITE || exit 3
+  PY=$(python3 -c "import sys; print(sys.implementation.cache_tag)")
+  if ! ls $SITE/openvino/_pyopenvino.$PY-*.so > /dev/null 2>&1; then
+    echo "error: $KIT/openvino.tar.xz holds openvino for $(cd $SITE/openvino && ls _pyopenvino.*.so | sed 's/^_pyopenvino\.\(cpython-[0-9]*\).*/\1/')," \
+      "this machine's python3 is $PY: pack the kit with --openvino WHEEL, a wheel for $PY" >&2; exit 3
+  fi
+fi
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES= TF_CPP_MIN_LOG_LEVEL=2
 export SENTEMB_DATA_DIR=$KIT/data
 python3 -m sentemb_jax.benchmarks.portable_kit unpack "$KIT/model" $M || exit 3

@@ -3,7 +3,7 @@ network and no copy of the data, whose transfer is limited in size (issue 33: me
 machine of the pool; how the Xeon leases in docs/RESULTS.md were run).
 
     python -m sentemb_jax.benchmarks.portable_kit pack --out KIT [--model M] [--data_dir D] \
-        [--store_bfloat16] [--openvino]
+        [--store_bfloat16] [--openvino [WHEEL]]
     # on the other machine, with this repository beside KIT:
     python -m sentemb_jax.benchmarks.portable_kit unpack KIT/model /tmp/M
     tar xJf KIT/openvino.tar.xz -C SITE   # with --openvino; SITE first on PYTHONPATH
@@ -27,10 +27,13 @@ Two options make room for OpenVINO in a 64 MiB transfer (its wheel is 59 MB):
   all-MiniLM-L6-v2); `unpack` widens them back to their dtypes, exactly. Speed rows are unchanged
   (dense kernels do not depend on the values); quality rows then score the rounded model (STS-B
   test 82.04 with all-MiniLM-L6-v2, 82.03 exact), so measure quality on the exact weights elsewhere.
-* `--openvino` writes KIT/openvino.tar.xz: the installed `openvino` package without what a CPU
-  run of an ONNX model never loads (the GPU / NPU plugins, the other frameworks' frontends, C++
-  headers, the GPU kernel cache): 22 MB for openvino 2026.4.0. Its compiled extension needs the
-  same Python version on the other machine.
+* `--openvino [WHEEL]` writes KIT/openvino.tar.xz: the `openvino` package without what a CPU run
+  of an ONNX model never loads (the GPU / NPU plugins, the other frameworks' frontends, C++
+  headers, the GPU kernel cache): 22 MB for openvino 2026.4.0. Its compiled extension runs on one
+  Python version, which pack prints: the installed package fits a machine with this one's, a
+  wheel fits another (the Xeon leases' Python 3.12, from here on 3.11:
+  `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+  manylinux_2_28_x86_64 openvino==2026.4.0`; cpu_lease.sh checks the match before any job).
 
 The kit is written to a temporary directory beside --out and renamed at the end: a refused or
 failed pack leaves nothing. Keep KIT outside the repository's tracked files (the data's terms:
@@ -47,6 +50,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import zipfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -73,6 +77,7 @@ OPENVINO_ARCHIVE = "openvino.tar.xz"
 # What a CPU run of an ONNX / IR model in OpenVINO never loads (paths inside the `openvino` package).
 OPENVINO_UNUSED = re.compile(r"^(include/|libs/cache\.json$|libs/libopenvino_intel_(gpu|npu)_plugin\.so"
                              r"|libs/libopenvino_(tensorflow|tensorflow_lite|paddle|pytorch|jax|gguf)_frontend\.so)")
+PYOPENVINO = re.compile(r"^_pyopenvino\.(cpython-\d+)-.*\.so$")  # the compiled extension names its Python
 
 
 def _tsv_text(columns, rows) -> str:
@@ -159,22 +164,47 @@ def openvino_root() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def pack_openvino(root: str, archive: str, preset: int = 6) -> None:
-    """Write the `openvino` package at root, less OPENVINO_UNUSED, as an xz tar (`openvino/...`)."""
+def _python_tag(root: str) -> str:
+    """The CPython tag (`cpython-312`) that the openvino package at root was built for."""
+    tags = [m.group(1) for m in map(PYOPENVINO.match, os.listdir(root)) if m]
+    if len(tags) != 1:
+        raise ConfigError(f"--openvino: {root}: no single compiled openvino/_pyopenvino.<python>-*.so (found {tags})")
+    return tags[0]
+
+
+def pack_openvino(source: str, archive: str, preset: int = 6) -> str:
+    """Write the `openvino` package, less OPENVINO_UNUSED, as an xz tar (`openvino/...`); the Python
+    tag it runs on. source: the package's directory, or a wheel (for the other machine's Python)."""
     def keep(info: tarfile.TarInfo):
         inside = os.path.relpath(info.name, "openvino").replace(os.sep, "/")
         return None if OPENVINO_UNUSED.match(inside + ("/" if info.isdir() else "")) or "__pycache__" in inside \
             else info
 
-    with tarfile.open(archive, "w:xz", preset=preset) as tar:
-        tar.add(root, arcname="openvino", filter=keep)
+    with tempfile.TemporaryDirectory() as unzipped:
+        if os.path.isfile(source):
+            try:
+                with zipfile.ZipFile(source) as wheel:
+                    wheel.extractall(unzipped, [n for n in wheel.namelist() if n.startswith("openvino/")])
+            except zipfile.BadZipFile as e:
+                raise ConfigError(f"--openvino {source}: not a wheel ({e})") from e
+            if not os.path.isdir(os.path.join(unzipped, "openvino")):
+                raise ConfigError(f"--openvino {source}: the wheel holds no openvino/ package")
+            source = os.path.join(unzipped, "openvino")
+        tag = _python_tag(source)  # checked before the archive is written
+        with tarfile.open(archive, "w:xz", preset=preset) as tar:
+            tar.add(source, arcname="openvino", filter=keep)
+    return tag
 
 
 def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000,
-         store_bfloat16: bool = False, openvino: bool = False) -> dict:
-    """Write the kit into `out` (new or empty); a summary. Everything is read and checked first."""
+         store_bfloat16: bool = False, openvino: str | None = None) -> dict:
+    """Write the kit into `out` (new or empty); a summary. Everything is read and checked first.
+    openvino: None (no archive), "" (the installed package) or the path of an openvino wheel."""
     _refuse_unless_new(out, "--out ", "the kit goes")
-    openvino_dir = openvino_root() if openvino else None
+    openvino_source = openvino or (openvino_root() if openvino is not None else None)
+    if openvino and not os.path.isfile(openvino):
+        raise ConfigError(f"--openvino {openvino}: no such wheel file")
+    openvino_python = None
     encoder = SentenceEncoder.from_pretrained(model_dir)  # the model loads (a bad directory is named here)
     weights = os.path.join(model_dir, WEIGHTS)
     tensors, metadata = _read_weights(weights)
@@ -197,13 +227,14 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
                   metadata={"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata),
                             "widen": json.dumps(widen)})
         _copy_model_files(model_dir, os.path.join(work, "model"))
-        if openvino_dir:
-            pack_openvino(openvino_dir, os.path.join(work, OPENVINO_ARCHIVE))
+        if openvino_source:
+            openvino_python = pack_openvino(openvino_source, os.path.join(work, OPENVINO_ARCHIVE))
         os.replace(work, out)  # onto a missing or empty directory
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return {"rows": len(ids), "vocab_size": vocab_size, "tensors": names, "rounded": len(widen),
+            "openvino_python": openvino_python,
             "bytes": sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(out) for f in fs)}
 
 
@@ -238,8 +269,9 @@ def main(argv=None) -> int:
     packing.add_argument("--keep_ids_below", type=int, default=1000)
     packing.add_argument("--store_bfloat16", action="store_true",
                          help="round float tensors to bfloat16 in the kit (half the bytes; unpack widens them back)")
-    packing.add_argument("--openvino", action="store_true",
-                         help=f"also write KIT/{OPENVINO_ARCHIVE}, the installed openvino for CPU runs (22 MB)")
+    packing.add_argument("--openvino", nargs="?", const="", default=None, metavar="WHEEL",
+                         help=f"also write KIT/{OPENVINO_ARCHIVE} for CPU runs (22 MB): the installed openvino, or "
+                              "WHEEL's for the other machine's Python (its compiled extension is per version)")
     unpacking = sub.add_parser("unpack", help="rebuild a model directory from a kit's model")
     unpacking.add_argument("kit_model")
     unpacking.add_argument("out")
@@ -256,8 +288,8 @@ def main(argv=None) -> int:
         rounded = f"; {summary['rounded']} tensors rounded to bfloat16" if summary["rounded"] else ""
         print(f"model: {os.path.join(args.out, 'model')} ({summary['rows']} of {summary['vocab_size']} rows of "
               f"{', '.join(summary['tensors'])}{rounded}; kit {summary['bytes'] / 2**20:.1f} MiB)")
-        if args.openvino:
-            print(f"openvino: {os.path.join(args.out, OPENVINO_ARCHIVE)}")
+        if summary["openvino_python"]:
+            print(f"openvino: {os.path.join(args.out, OPENVINO_ARCHIVE)} (runs on {summary['openvino_python']} only)")
         return 0
     except SentembError as e:
         print(f"error: {e}", file=sys.stderr)
