@@ -164,11 +164,22 @@ def openvino_root() -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def _python_tag(root: str) -> str:
-    """The CPython tag (`cpython-312`) that the openvino package at root was built for."""
-    tags = [m.group(1) for m in map(PYOPENVINO.match, os.listdir(root)) if m]
+def openvino_python(source: str) -> str:
+    """The CPython tag (`cpython-312`) that the openvino package at source (its directory, or a
+    wheel) was built for, read from its compiled extension's name; ConfigError naming source."""
+    if os.path.isfile(source):
+        try:
+            with zipfile.ZipFile(source) as wheel:
+                inside = [n[len("openvino/"):] for n in wheel.namelist() if n.startswith("openvino/")]
+        except zipfile.BadZipFile as e:
+            raise ConfigError(f"--openvino {source}: not a wheel ({e})") from e
+        if not inside:
+            raise ConfigError(f"--openvino {source}: the wheel holds no openvino/ package")
+    else:
+        inside = os.listdir(source)
+    tags = [m.group(1) for m in map(PYOPENVINO.match, inside) if m]
     if len(tags) != 1:
-        raise ConfigError(f"--openvino: {root}: no single compiled openvino/_pyopenvino.<python>-*.so (found {tags})")
+        raise ConfigError(f"--openvino {source}: no single compiled openvino/_pyopenvino.<python>-*.so (found {tags})")
     return tags[0]
 
 
@@ -180,17 +191,12 @@ def pack_openvino(source: str, archive: str, preset: int = 6) -> str:
         return None if OPENVINO_UNUSED.match(inside + ("/" if info.isdir() else "")) or "__pycache__" in inside \
             else info
 
+    tag = openvino_python(source)  # checked before anything is written
     with tempfile.TemporaryDirectory() as unzipped:
         if os.path.isfile(source):
-            try:
-                with zipfile.ZipFile(source) as wheel:
-                    wheel.extractall(unzipped, [n for n in wheel.namelist() if n.startswith("openvino/")])
-            except zipfile.BadZipFile as e:
-                raise ConfigError(f"--openvino {source}: not a wheel ({e})") from e
-            if not os.path.isdir(os.path.join(unzipped, "openvino")):
-                raise ConfigError(f"--openvino {source}: the wheel holds no openvino/ package")
+            with zipfile.ZipFile(source) as wheel:
+                wheel.extractall(unzipped, [n for n in wheel.namelist() if n.startswith("openvino/")])
             source = os.path.join(unzipped, "openvino")
-        tag = _python_tag(source)  # checked before the archive is written
         with tarfile.open(archive, "w:xz", preset=preset) as tar:
             tar.add(source, arcname="openvino", filter=keep)
     return tag
@@ -201,10 +207,10 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
     """Write the kit into `out` (new or empty); a summary. Everything is read and checked first.
     openvino: None (no archive), "" (the installed package) or the path of an openvino wheel."""
     _refuse_unless_new(out, "--out ", "the kit goes")
-    openvino_source = openvino or (openvino_root() if openvino is not None else None)
     if openvino and not os.path.isfile(openvino):
         raise ConfigError(f"--openvino {openvino}: no such wheel file")
-    openvino_python = None
+    openvino_source = openvino_root() if openvino == "" else openvino
+    python_tag = openvino_python(openvino_source) if openvino_source else None  # a bad wheel: before any work
     encoder = SentenceEncoder.from_pretrained(model_dir)  # the model loads (a bad directory is named here)
     weights = os.path.join(model_dir, WEIGHTS)
     tensors, metadata = _read_weights(weights)
@@ -228,13 +234,13 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
                             "widen": json.dumps(widen)})
         _copy_model_files(model_dir, os.path.join(work, "model"))
         if openvino_source:
-            openvino_python = pack_openvino(openvino_source, os.path.join(work, OPENVINO_ARCHIVE))
+            pack_openvino(openvino_source, os.path.join(work, OPENVINO_ARCHIVE))
         os.replace(work, out)  # onto a missing or empty directory
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return {"rows": len(ids), "vocab_size": vocab_size, "tensors": names, "rounded": len(widen),
-            "openvino_python": openvino_python,
+            "openvino_python": python_tag,
             "bytes": sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(out) for f in fs)}
 
 
