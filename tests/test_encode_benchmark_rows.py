@@ -234,3 +234,41 @@ def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monke
     assert seen["sentemb_jax_bf16_packed[--a=1]"][1][-1] == "--a=1"
     out = capsys.readouterr().out.splitlines()
     assert "sentemb_jax_bf16_packed[--a=1] / sentemb_jax_bf16_packed = 1.00" in out
+
+
+def test_texts_of_your_own_file_are_timed_and_a_bad_file_is_named_before_any_work(monkeypatch, capsys, tmp_path, data_dir):
+    """--texts FILE.tsv: every worker encodes that column, in file order, and the rate counts its texts;
+    the quality column is still STS-B test. A missing file, a header without the column, an empty
+    text or no rows: exit 1 with the file (and line) named, before the machine line or any worker."""
+    seen = {}
+
+    def side_by_side(workers, rounds, count=1, startup=None):
+        seen.update(workers=workers, count=count)
+        startup.update({n: {"first_call_s": 1.0, "stsb_test": 82.0} for n in workers})
+        return {n: 100.0 for n in workers}
+
+    monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
+    monkeypatch.setattr(bench, "keep_jax_on_cpu_and_compiling", lambda: None)
+    good = tmp_path / "mine.tsv"
+    good.write_text("id\ttext\n7\tthe first text\n\n8\ta second, longer text\n", encoding="utf-8")
+    bench.main(["--only", "sentemb_jax_packed", "--texts", str(good), "--texts_column", "text", "--data_dir", data_dir])
+    assert list(seen["workers"]) == ["sentemb_jax_packed", "sentence_transformers"]
+    for _, args in seen["workers"].values():
+        assert args[3] == ["the first text", "a second, longer text"]  # (kind, model, data_dir, texts, ...)
+    assert seen["count"] == 2
+    assert any(f" texts={good}:text sentences=2 " in line for line in capsys.readouterr().out.splitlines())
+
+    seen.clear()
+    monkeypatch.setattr(bench, "cpu_description", lambda: pytest.fail("work began before the texts were checked"))
+    missing, no_column, empty, header_only = (tmp_path / n for n in ("missing.tsv", "b.tsv", "c.tsv", "d.tsv"))
+    no_column.write_text("text\nsome text\n", encoding="utf-8")
+    empty.write_text("sentence\tlabel\nfine\t1\n \t0\n", encoding="utf-8")
+    header_only.write_text("sentence\tlabel\n", encoding="utf-8")
+    for path, message in [(missing, f"{missing}: no such file"),
+                          (no_column, f"{no_column}:1: header ['text'] lacks column(s) ['sentence']"),
+                          (empty, f"{empty}:3: empty text in column 'sentence' (the benchmark times real texts)"),
+                          (header_only, f"{header_only}: no rows under the header: nothing to encode")]:
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main(["--only", "sentemb_jax_packed", "--texts", str(path), "--data_dir", data_dir])
+        assert exit_info.value.code == f"error: {message}"  # sys.exit(str): exit status 1, the message last on stderr
+    assert not seen

@@ -1,9 +1,10 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
     python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx] [--only ROWS]
-        [--xla_flags=FLAGS ...] [--st_python ENV/bin/python]
+        [--xla_flags=FLAGS ...] [--st_python ENV/bin/python] [--texts FILE.tsv [--texts_column sentence]]
 
-Encodes the STS-B test sentences (both columns) with all-MiniLM-L6-v2: ours with padded batches
+Encodes the STS-B test sentences (both columns), or with --texts a column of your own TSV file (a header
+line names it; every text non-empty), with all-MiniLM-L6-v2: ours with padded batches
 and packed (`SentenceEncoder.packed`), sentence-transformers in float32. --bf16 adds both in
 bfloat16 (ours: `from_pretrained(dtype="bfloat16")`, XLA, padded and packed; theirs: `model.bfloat16()`); --onnx adds
 ours exported to ONNX (sentemb_jax.onnx_export) run by ONNX Runtime (float32; int8 dynamic
@@ -47,7 +48,8 @@ from sentence_transformers import SentenceTransformer
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, usable_cores
 from sentemb_jax.child_process import how_it_ended
-from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.data.files import default_data_dir, iter_tsv, read_sts_pairs
+from sentemb_jax.errors import DataError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 
@@ -70,6 +72,19 @@ OURS_F32 = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_ja
 def _stsb_test_pairs(data_dir: str | None):
     """STS-B test (sentences 1, sentences 2, gold): both columns are the sentences encoded."""
     return read_sts_pairs(os.path.join(data_dir or default_data_dir(), "stsb", "test.tsv"))
+
+
+def read_texts(path: str, column: str) -> list[str]:
+    """--texts: the `column` of a TSV file with a header line, in file order. A missing file, a bad
+    header or row, an empty text or no rows at all: a DataError naming the file (and line)."""
+    texts = []
+    for lineno, row in iter_tsv(path, (column,)):
+        if not row[column].strip():
+            raise DataError(f"{path}:{lineno}: empty text in column {column!r} (the benchmark times real texts)")
+        texts.append(row[column])
+    if not texts:
+        raise DataError(f"{path}: no rows under the header: nothing to encode")
+    return texts
 
 
 def _stsb_test(model, data_dir: str | None) -> float:
@@ -298,6 +313,9 @@ def main(argv=None):
                         "(repeatable; write --xla_flags=...)")
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
+    parser.add_argument("--texts", default=None, metavar="FILE.tsv", help="time these texts instead of STS-B test's "
+                        "sentences: a TSV file with a header line (quality is still scored on STS-B test)")
+    parser.add_argument("--texts_column", default="sentence", help="the --texts column to encode (default: sentence)")
     args = parser.parse_args(argv)
     try:
         kinds = _kinds(args.bf16, args.onnx, args.only, args.st_python)
@@ -309,12 +327,16 @@ def main(argv=None):
             check_xla_flags(flags)
     except ValueError as e:
         parser.error(str(e))  # exit 2, before any work
+    try:
+        texts = read_texts(args.texts, args.texts_column) if args.texts else None
+    except DataError as e:
+        sys.exit(f"error: {e}")  # bad input: exit 1, before any work
 
     keep_jax_on_cpu_and_compiling()
     print(f"machine: {cpu_description()}", flush=True)
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)
-    sentences = s1 + s2
+    sentences = texts or s1 + s2
     threads = usable_cores()  # XLA's CPU client uses every core it may; give torch the same
     with tempfile.TemporaryDirectory() as tmp:
         onnx_paths = {}
@@ -336,7 +358,8 @@ def main(argv=None):
             med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup)
         except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
             sys.exit(f"error: {e}")
-    print(f"model={model_dir} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
+    source = f"texts={args.texts}:{args.texts_column}" if texts else "texts=STS-B test"
+    print(f"model={model_dir} {source} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
     for n, v in med.items():
         s = startup[n]
         warm = f", warm_up() {s['warm_up_s']:.1f} s" if s.get("warm_up_s") else ""
