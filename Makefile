@@ -19,7 +19,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m sentemb_jax.main --gin_file=gin/runs/default.gin
+	$(PY) -m sentemb_jax.main --gin_file=gin/default.gin
 
 test: $(STAMP)
 	$(PY) -m ruff check .

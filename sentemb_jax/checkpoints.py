@@ -27,7 +27,7 @@ from flax import traverse_util
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
-from sentemb_jax.errors import CheckpointError  # noqa: F401 - re-exported
+from sentemb_jax.errors import CheckpointError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config, build_model
 from sentemb_jax.validation import is_under
 

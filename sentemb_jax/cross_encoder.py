@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from sentemb_jax import checkpoints
-from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.data.packing import pack_texts
 from sentemb_jax.encoder import (
     _position_limit,
@@ -49,6 +48,7 @@ from sentemb_jax.encoder import (
     _within_positions,
     _write_json,
 )
+from sentemb_jax.errors import CheckpointError
 from sentemb_jax.inference import (
     DeviceParams,
     compile_instead_of_run,

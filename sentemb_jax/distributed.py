@@ -17,14 +17,11 @@ import os
 
 import jax
 
-import gin
-
 log = logging.getLogger(__name__)
 
 ENV = ("SENTEMB_COORDINATOR", "SENTEMB_NUM_PROCESSES", "SENTEMB_PROCESS_ID")
 
 
-@gin.configurable(module="sentemb_jax")
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, auto: bool = False) -> bool:
     """Join the other processes of this job; returns whether it runs on several processes.
@@ -41,7 +38,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     given = [coordinator_address is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
         raise ValueError("initialize_distributed: give coordinator_address, num_processes and process_id together "
-                         f"(gin or {', '.join(ENV)}); got {coordinator_address=}, {num_processes=}, {process_id=}")
+                         f"(configuration or {', '.join(ENV)}); got {coordinator_address=}, {num_processes=}, {process_id=}")
     if not any(given) and not auto:
         return False
     if jax.distributed.is_initialized():

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
-from sentemb_jax.checkpoints import CheckpointError
+from sentemb_jax.errors import CheckpointError, ConfigError
 from sentemb_jax.inference import (
     DeviceParams,
     compile_instead_of_run,
@@ -40,7 +40,7 @@ from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
-from sentemb_jax.validation import ConfigError, is_under
+from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,51 @@ from __future__ import annotations
 
 import signal
 
+_NO_VALUE = object()
+
 
 class SentembError(Exception):
-    """Base of every error sentemb_jax raises on purpose (the message says what and where)."""
+    """Base of every error sentemb_jax raises on purpose (the message says what and where).
+
+    An error about one configured argument names it as the API does - `DataConfig(batch_size=0)`
+    for a value, `DataConfig.data_dir` for where a path came from - through `{where}` in its
+    message; `api`, `param` and `value` say which. The command line (`sentemb_jax.main`) words the
+    same place as the gin binding that set it (`render(where)`): the library knows no gin."""
 
     exit_code = 1
+
+    def __init__(self, message: str = "", *, api: str | None = None, param: str | None = None, value=_NO_VALUE,
+                 source: bool = False, key: str = ""):
+        """source=True: `{where}` says where a value came from (`API.param`; main: `set by gin binding
+        ...`) rather than showing it (`API(param=value)`; main: `gin binding ... = value`). key: the
+        entry of a mapping argument the value is (`['nli_triples']`)."""
+        self.template, self.api, self.param, self.value, self.source = message, api, param, value, source
+        self.key = key
+        super().__init__(self.render())
+
+    @property
+    def has_value(self) -> bool:
+        return self.value is not _NO_VALUE
+
+    def api_place(self) -> str:
+        """`API(param=value)` for a value, `API.param` for where something came from."""
+        if self.source or not self.has_value:
+            return f"{self.api}.{self.param}{self.key}"
+        return f"{self.api}({self.param}{self.key}={self.value!r})"
+
+    def render(self, where: str | None = None) -> str:
+        if self.api is None or "{where}" not in self.template:
+            return self.template
+        return self.template.replace("{where}", where or self.api_place())
+
+    def __reduce__(self):  # pickles (worker processes) with its place
+        return (_rebuild, (type(self), self.template, self.api, self.param, self.value, self.source, self.key))
+
+
+def _rebuild(cls, template, api, param, value, source, key):
+    err = cls.__new__(cls)
+    SentembError.__init__(err, template, api=api, param=param, value=value, source=source, key=key)
+    return err
 
 
 class UsageError(SentembError):
@@ -70,9 +110,12 @@ class Preempted(SentembError):
     """The run stopped on a signal after checkpointing `step` (exit code 128 + signum)."""
 
     def __init__(self, signum: int, step: int, checkpoint_dir: str):
-        self.signum, self.step = signum, step
+        self.signum, self.step, self.checkpoint_dir = signum, step, checkpoint_dir
         super().__init__(f"{signal_name(signum)} after step {step}; its checkpoint is in {checkpoint_dir} - "
                          "run the same command to resume from it")
+
+    def __reduce__(self):
+        return (Preempted, (self.signum, self.step, self.checkpoint_dir))
 
     @property
     def exit_code(self) -> int:

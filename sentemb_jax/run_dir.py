@@ -22,7 +22,6 @@ import orbax.checkpoint as ocp
 from etils import epath
 from tensorboardX import SummaryWriter
 
-import gin
 from sentemb_jax.paths import is_remote
 
 CHECKPOINTS = "checkpoints"
@@ -75,21 +74,21 @@ def write_results(model_dir: str, results: dict, markdown: str | None = None) ->
             os.replace(path + ".tmp", path)
 
 
-def write_gin_config(model_dir: str, config_str: str) -> str:
+def write_gin_config(model_dir: str, config_str: str, markdown: str) -> str:
     """MODEL_DIR/config.gin (every binding, after includes and --gin. overrides: rerunnable with
-    --gin_file=MODEL_DIR/config.gin) and the same text in TensorBoard (tag `gin/config`, step 0), as
-    t5x's summarize_gin_config writes them. Returns the file's path."""
+    --gin_file=MODEL_DIR/config.gin) and its markdown form in TensorBoard (tag `gin/config`, step 0),
+    as t5x's summarize_gin_config writes them. Returns the file's path."""
     path = epath.Path(run_path(model_dir, CONFIG_GIN))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config_str)
     writer = SummaryWriter(run_path(model_dir, TENSORBOARD))
-    writer.add_text("gin/config", gin.markdown(config_str), 0)
+    writer.add_text("gin/config", markdown, 0)
     writer.close()
     return str(path)
 
 
-def keep_gin_config(model_dir: str, config_str: str) -> str | None:
+def keep_gin_config(model_dir: str, config_str: str, markdown: str) -> str | None:
     """write_gin_config for a MODEL_DIR that exists and has no config.gin yet; None otherwise."""
     if not epath.Path(model_dir).is_dir() or epath.Path(run_path(model_dir, CONFIG_GIN)).exists():
         return None
-    return write_gin_config(model_dir, config_str)
+    return write_gin_config(model_dir, config_str, markdown)

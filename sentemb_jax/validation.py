@@ -1,12 +1,13 @@
 """Checks of configured numbers, choices and paths, run at the top of each job before any work
 (before a model is loaded, a file read or MODEL_DIR touched).
 
-An invalid value is a `ConfigError` (a ValueError) that names where it came from and what is
-allowed; the job runner prints it as `error: ...` and exits 2 (bad configuration):
+An invalid value is a `ConfigError` (a ValueError) that names the API argument it came from and
+what is allowed; the job runner words the same place as the gin binding that set it, prints it
+as `error: ...` and exits 2 (bad configuration):
 
-    gin binding sentemb_jax.train.batch_size = 0: must be an integer >= 1
-    gin binding sentemb_jax.train.num_steps = %NUM_STEPS = -3: must be an integer >= 1
-    sentemb_jax.train(batch_size=0): must be an integer >= 1          (given through the Python API)
+    sentemb_jax.DataConfig(batch_size=0): must be an integer >= 1                 (the Python API)
+    gin binding sentemb_jax.DataConfig.batch_size = 0: must be an integer >= 1    (from main)
+    gin binding sentemb_jax.RunConfig.num_steps = %NUM_STEPS = -3: must be an integer >= 1
 
 Paths built from configuration or from files we read (split names, task names, modules.json
 entries, relative `register_tasks.files` entries) must stay under the root they are meant for
@@ -18,48 +19,12 @@ import math
 import numbers
 import os
 
-import gin
-from gin import config as gin_config
-from sentemb_jax.errors import ConfigError  # noqa: F401 - re-exported
-
-UNSET = object()
+from sentemb_jax.errors import ConfigError
 
 
-def bound_value(key: str):
-    """The value gin binds at `key` (a macro resolved), UNSET when it cannot tell."""
-    try:
-        value = gin.query_parameter(key)
-        for _ in range(20):
-            if not (isinstance(value, gin_config.ConfigurableReference) and value.configurable.name == "macro"):
-                return value
-            value = gin.query_parameter(f"{value.scoped_selector.rsplit('/', 1)[0]}/gin.macro.value")
-    except (ValueError, KeyError):
-        pass
-    return UNSET
-
-
-def _same(a, b) -> bool:
-    try:
-        return a is b or (type(a) is type(b) and bool(a == b)) or (isinstance(a, float) and isinstance(b, float)
-                                                                   and math.isnan(a) and math.isnan(b))
-    except Exception:  # noqa: BLE001 - values that do not compare: trust the binding
-        return True
-
-
-def describe(value, selector: str, param: str, api: str | None = None) -> str:
-    """`gin binding SELECTOR.PARAM = VALUE` when gin bound this value (with its macro:
-    `... = %NUM_STEPS = 0`), else the API argument: `API(PARAM=VALUE)` (api defaults to selector)."""
-    binding = gin_binding(selector, param)
-    if binding is not None:
-        key = binding.split(" = ", 1)[0]
-        bound = bound_value(key)
-        if bound is UNSET or _same(bound, value):
-            return f"gin binding {binding} = {value!r}"
-    return f"{api or selector}({param}={value!r})"
-
-
-def fail(value, selector: str, param: str, allowed: str, api: str | None = None) -> None:
-    raise ConfigError(f"{describe(value, selector, param, api)}: {allowed}")
+def fail(value, api: str, param: str, allowed: str) -> None:
+    """ConfigError `API(param=value): allowed` (main: `gin binding API.param = value: allowed`)."""
+    raise ConfigError(f"{{where}}: {allowed}", api=api, param=param, value=value)
 
 
 def _is_int(value) -> bool:
@@ -70,8 +35,8 @@ def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def require_int(value, selector: str, param: str, minimum: int | None = 1, maximum: int | None = None,
-                allow_none: bool = False, api: str | None = None, none_means: str = "") -> None:
+def require_int(value, api: str, param: str, minimum: int | None = 1, maximum: int | None = None,
+                allow_none: bool = False, none_means: str = "") -> None:
     """An integer in [minimum, maximum] (None too when allow_none)."""
     if allow_none and value is None:
         return
@@ -84,12 +49,12 @@ def require_int(value, selector: str, param: str, minimum: int | None = 1, maxim
     if allow_none:
         allowed = f"None{none_means} or {allowed}"
     if not _is_int(value) or (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        fail(value, selector, param, f"must be {allowed}", api)
+        fail(value, api, param, f"must be {allowed}")
 
 
-def require_number(value, selector: str, param: str, low: float | None = None, high: float | None = None,
+def require_number(value, api: str, param: str, low: float | None = None, high: float | None = None,
                    low_open: bool = False, high_open: bool = False, allow_none: bool = False,
-                   api: str | None = None, none_means: str = "") -> None:
+                   none_means: str = "") -> None:
     """A finite real number within the bounds (open or closed); None too when allow_none."""
     if allow_none and value is None:
         return
@@ -109,33 +74,52 @@ def require_number(value, selector: str, param: str, low: float | None = None, h
     if ok and high is not None:
         ok = value < high if high_open else value <= high
     if not ok:
-        fail(value, selector, param, f"must be {allowed}", api)
+        fail(value, api, param, f"must be {allowed}")
 
 
-def require_choice(value, choices, selector: str, param: str, api: str | None = None) -> None:
+def require_bool(value, api: str, param: str) -> None:
+    if not isinstance(value, bool):
+        fail(value, api, param, "must be True or False")
+
+
+def require_choice(value, choices, api: str, param: str) -> None:
     if not isinstance(value, (str, type(None), bool, int)) or value not in tuple(choices):
-        fail(value, selector, param, f"must be one of {tuple(choices)}", api)
+        fail(value, api, param, f"must be one of {tuple(choices)}")
 
 
-def require_choices(values, choices, selector: str, param: str, api: str | None = None) -> None:
+def require_choices(values, choices, api: str, param: str) -> None:
     """A non-empty sequence whose items are all among `choices` (task lists: each also names files)."""
     items = [values] if isinstance(values, str) else values
     try:
         items = list(items)
     except TypeError:
-        fail(values, selector, param, f"must be a list of names from {tuple(choices)}", api)
+        fail(values, api, param, f"must be a list of names from {tuple(choices)}")
     bad = [v for v in items if not isinstance(v, str) or v not in tuple(choices)]
     if bad or not items:
-        fail(values, selector, param, f"must be a non-empty list of names from {tuple(choices)}"
-             + (f"; unknown: {bad}" if bad else ""), api)
+        fail(values, api, param, f"must be a non-empty list of names from {tuple(choices)}"
+             + (f"; unknown: {bad}" if bad else ""))
 
 
-def require_name(value, selector: str, param: str, root: str, api: str | None = None) -> None:
+def require_name(value, api: str, param: str, root: str) -> None:
     """A file-name part (e.g. a split: `<root>/<name>.tsv`): a non-empty string without a path
     separator or `..`, so the file it names stays under `root`."""
     if not isinstance(value, str) or not value or value in (".", "..") or "/" in value or os.sep in value \
             or (os.altsep and os.altsep in value) or "\0" in value:
-        fail(value, selector, param, f"must be a plain name (no '/' or '..'): it names a file under {root}", api)
+        fail(value, api, param, f"must be a plain name (no '/' or '..'): it names a file under {root}")
+
+
+def require_path(value, api: str, param: str, allow_none: bool = False) -> None:
+    """A path string (None too when allow_none): not empty, no NUL character."""
+    if allow_none and value is None:
+        return
+    if not isinstance(value, str) or not value or "\0" in value:
+        fail(value, api, param, "must be a path (a non-empty string)" + (" or None" if allow_none else ""))
+
+
+def expand_path(path):
+    """`~` at the start of a local path expanded (gin strings are quoted: the shell leaves it), so
+    `'~/runs/x'` is the home directory's, not a folder named `~` in the working directory."""
+    return os.path.expanduser(path) if isinstance(path, str) and path.startswith("~") else path
 
 
 def is_under(path: str, root: str) -> bool:
@@ -160,43 +144,13 @@ def require_under(path: str, root: str, what: str, error=ConfigError) -> str:
 # Jobs
 
 
-TRAIN = "sentemb_jax.train"
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 SEED_MAX = 2**31 - 1
 
 
-def check_seed(seed, selector: str, param: str = "seed", api: str | None = None) -> None:
-    require_int(seed, selector, param, 0, SEED_MAX, api=api)
+def check_seed(seed, api: str, param: str = "seed") -> None:
+    require_int(seed, api, param, 0, SEED_MAX)
 
 
-def check_batch_size(value, selector: str, param: str = "batch_size", api: str | None = None) -> None:
-    require_int(value, selector, param, 1, api=api)
-
-
-# Where a value came from: its gin binding (with the macro it came from), for error messages.
-
-
-def gin_binding(selector: str, param: str) -> str | None:
-    """`selector.param` as gin bound it in the active scope (with the macro it came from:
-    `sentemb_jax.eval_sts.data_dir = %DATA_DIR`), or None when gin does not bind it."""
-    scopes = gin.current_scope()
-    for i in range(len(scopes), -1, -1):  # innermost scope first, as gin resolves it
-        key = "/".join([*scopes[:i], f"{selector}.{param}"])
-        try:
-            value = gin.query_parameter(key)
-        except (ValueError, KeyError):
-            continue
-        if isinstance(value, gin_config.ConfigurableReference) and value.configurable.name == "macro":
-            return f"{key} = %{value.scoped_selector.rsplit('/', 1)[0]}"
-        return key
-    return None
-
-
-def source(selector: str, param: str) -> str:
-    """`set by gin binding X = %MACRO` for an error message; `selector.param` when gin does not bind it."""
-    binding = gin_binding(selector, param)
-    return f"set by gin binding {binding}" if binding else f"{selector}.{param}"
-
-
-def via(selector: str, param: str) -> str:
-    return f" ({source(selector, param)})"
+def check_batch_size(value, api: str, param: str = "batch_size") -> None:
+    require_int(value, api, param, 1)

@@ -45,7 +45,7 @@ settings.load_profile("ci" if _ci else os.environ.get("HYPOTHESIS_PROFILE", "ci"
 
 @pytest.fixture(scope="session")
 def data_dir() -> str:
-    from sentemb_jax.data.files import DATA_DIR_ENV, default_data_dir
+    from sentemb_jax.paths import DATA_DIR_ENV, default_data_dir
 
     path = default_data_dir()
     if not os.path.isdir(os.path.join(path, "stsb")):

@@ -5,13 +5,13 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.losses import in_batch_softmax_loss
+from sentemb_jax.methods.contrastive import Contrastive
 from sentemb_jax.models import T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.partitioning import make_mesh, shard_batch
-from sentemb_jax.training.optimizers import make_optimizer
-from sentemb_jax.training.sharded import activation_rules, build_sharded_step, place_state
-from sentemb_jax.training.step import ContrastiveConfig
+from sentemb_jax.training.config import EvalConfig, MeshConfig, OptimizerConfig, RunConfig, ScheduleConfig
+from sentemb_jax.training.setup import setup_run
 
 assert jax.device_count() == 8, jax.devices()
 B, L = 32, 12
@@ -35,16 +35,18 @@ def run(mesh_shape, pooling, dropout, steps=3):
     module = SentenceEmbedder(cfg, pooling=(pooling,), projection_dim=16)
     b0 = batch(0)
     tower = nn.meta.unbox(module.init(jax.random.PRNGKey(0), b0["anchor_input_ids"][:2], b0["anchor_attention_mask"][:2])["params"])
-    optimizer = make_optimizer("adafactor", 1e-2, min_dim_size_to_factor=8)
-    ccfg = ContrastiveConfig(negative="negative", temperature=0.05, bidirectional=True)
+    # The run setup builds the program, as the trainer does: mesh, optimizer, shardings, the jitted step.
+    config = RunConfig(model_dir="/unused", num_steps=steps, mesh=MeshConfig(*mesh_shape),
+                       optimizer=OptimizerConfig(name="adafactor", min_dim_size_to_factor=8),
+                       schedule=ScheduleConfig(peak=1e-2, decay="constant"), evaluation=EvalConfig(every=None))
     devices = jax.devices()[: int(np.prod(mesh_shape))]
-    mesh = make_mesh(*mesh_shape, devices=devices)
-    step, _, shardings = build_sharded_step(module, optimizer, ccfg, mesh, b0)
-    state = place_state(tower, optimizer, ccfg, shardings)
+    run = setup_run(config, Contrastive(negative="negative", temperature=0.05, bidirectional=True),
+                    model=SentenceEncoder(module, tower, None), devices=devices, abstract=True)
+    state = run.initial_state()
     losses = []
-    with activation_rules(mesh):
+    with run.context():
         for i in range(steps):
-            state, metrics = step(state, shard_batch(batch(i), mesh), jax.random.PRNGKey(42))
+            state, metrics = run.step_fn(state, run.device_batch(batch(i)), jax.random.PRNGKey(42))
             losses.append(float(metrics["loss"]))
     specs = {"/".join(str(getattr(k, "key", k)) for k in path): str(x.sharding.spec)
              for path, x in jax.tree_util.tree_flatten_with_path(state.params)[0]}

@@ -17,3 +17,30 @@ def latest_checkpoint(model_dir: str, step: int):
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                              data=ocp.args.JsonRestore()))
     return restored["state"]["params"], restored["data"]
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def header_gin_files(path: str) -> list[str]:
+    """The --gin_file list of the `python -m sentemb_jax.main` command in a gin file's header (a run
+    file's command names the model file to put before it); [path] when the header has none."""
+    import re
+    import shlex
+
+    full = path if os.path.isabs(path) else os.path.join(REPO, path)
+    if not os.path.isfile(full):
+        return [path]
+    head = "\n".join(line[1:] for line in open(full, encoding="utf-8").read().splitlines()
+                     if line.startswith("#")).replace("\\\n", " ")
+    found = re.search(r"python -m sentemb_jax\.main ([^\n]*)", head)
+    if not found:
+        return [path]
+    files = [a.split("=", 1)[1] for a in shlex.split(found.group(1).replace("[", "").replace("]", ""))
+             if a.startswith("--gin_file=")]
+    return files if path in files else [path]
+
+
+def gin_file_args(path: str) -> list[str]:
+    """`--gin_file=` arguments that run `path` as its header says (its model file first)."""
+    return [f"--gin_file={f}" for f in header_gin_files(path)]

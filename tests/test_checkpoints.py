@@ -10,7 +10,8 @@ from flax import traverse_util
 from hf_models import make_bert, make_t5
 from safetensors.numpy import load_file, save_file
 
-from sentemb_jax.checkpoints import CheckpointError, load_hf_checkpoint, read_hf_tensors, save_hf_checkpoint
+from sentemb_jax.checkpoints import load_hf_checkpoint, read_hf_tensors, save_hf_checkpoint
+from sentemb_jax.errors import CheckpointError
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""ConGen's student head (QueueDistillConfig.head): Linear + tanh to the teacher's width 'always'
-(ConGen section 4.1), 'when_widths_differ' or 'never', built the same by the train loop
-(trainer._with_projection) and the AOT compile (benchmarks.aot.train_program), and saved with it.
+"""ConGen's student head (ConGen.head): Linear + tanh to the teacher's width 'always' (ConGen
+section 4.1), 'when_widths_differ' or 'never', built by the run setup (training.setup.with_head)
+for the train loop and the AOT compile alike (benchmarks.aot.train_program), and saved with it.
 Kept apart from tests/test_queue_distill.py so that each module stays under ~500 lines."""
 import os
 import types
@@ -11,10 +11,13 @@ import pytest
 from hf_models import make_minilm_shaped_bert
 
 import gin
+import sentemb_jax.jobs  # noqa: F401 - registers the methods with gin
+from sentemb_jax import configuration
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import ConfigError
-from sentemb_jax.methods.queue_distill import QueueDistillConfig, QueueDistillMethod
-from sentemb_jax.training.trainer import _with_projection
+from sentemb_jax.methods.queue_distill import SCT, ConGen
+from sentemb_jax.training.method import MethodContext
+from sentemb_jax.training.setup import with_head as _with_projection
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH = 32  # the student's
@@ -30,12 +33,12 @@ def student(tmp_path_factory, minilm_dir):
     return encoder
 
 
-def _method(head: str, teacher_width: int, method: str = "congen", cached_rows_only: bool = False):
-    m = QueueDistillMethod(QueueDistillConfig(method=method, teacher="unused", head=head), 16)
-    if cached_rows_only:  # what the AOT compile sets: the cached rows' shape, no teacher loaded
-        m.teacher_rows = jax.ShapeDtypeStruct((1, teacher_width), np.float32)
+def _method(head: str, teacher_width: int, cached_rows_only: bool = False):
+    m = ConGen(teacher="unused", head=head)
+    if cached_rows_only:  # the teacher's cached rows alone, no teacher loaded
+        m._rows = np.zeros((1, teacher_width), np.float32)
     else:
-        m.teacher = types.SimpleNamespace(get_sentence_embedding_dimension=lambda: teacher_width)
+        m._teacher = types.SimpleNamespace(get_sentence_embedding_dimension=lambda: teacher_width)
     return m
 
 
@@ -50,7 +53,7 @@ def _raw(encoder, ids, mask):
     ("never", WIDTH, None)])
 def test_head_choice_builds_the_student(student, head, teacher_width, want):
     for cached_rows_only in (False, True):  # the train loop (teacher loaded) and the AOT compile (rows only)
-        assert _method(head, teacher_width, cached_rows_only=cached_rows_only).student_projection(WIDTH) == want
+        assert _method(head, teacher_width, cached_rows_only=cached_rows_only).student_head(WIDTH) == want
     built = _with_projection(student, want, seed=0)
     rng = np.random.default_rng(0)
     ids = rng.integers(1000, 30000, (6, 8)).astype(np.int32)
@@ -87,47 +90,49 @@ def test_head_kept_and_saved(student, tmp_path):
 
 
 def test_sct_gets_no_head_whatever_the_choice():
-    for method in ("sct", "sct_distill"):  # SCT's projector h is its student's head
-        assert _method("always", WIDTH, method).student_projection(WIDTH) is None
-        assert _method("never", 24, method).student_projection(WIDTH) is None
+    for method in (SCT(), SCT(teacher="unused")):  # SCT's projector h is its student's head
+        method._teacher = types.SimpleNamespace(get_sentence_embedding_dimension=lambda: 24)
+        assert method.student_head(WIDTH) is None
 
 
-def test_never_with_other_widths_and_invalid_values_name_the_binding():
-    with pytest.raises(ConfigError, match=r"sentemb_jax\.QueueDistillConfig\(head='never'\): the student embeds in "
+def test_never_with_other_widths_and_invalid_values_name_the_argument_and_the_binding():
+    with pytest.raises(ConfigError, match=r"^sentemb_jax\.ConGen\(head='never'\): the student embeds in "
                                           r"32 dimensions and the teacher in 24"):
-        _method("never", 24).student_projection(WIDTH)
-    with pytest.raises(ConfigError, match=r"sentemb_jax\.QueueDistillConfig\(head='sometimes'\): must be one of "
+        _method("never", 24).student_head(WIDTH)
+    with pytest.raises(ConfigError, match=r"^sentemb_jax\.ConGen\(head='sometimes'\): must be one of "
                                           r"\('always', 'when_widths_differ', 'never'\)"):
-        QueueDistillConfig(teacher="t", head="sometimes")
-    gin.parse_config("sentemb_jax.QueueDistillConfig.head = 'never'")
-    with pytest.raises(ConfigError, match=r"gin binding sentemb_jax\.QueueDistillConfig\.head = 'never': the student "
-                                          r"embeds in 32 dimensions and the teacher in 24"):
-        QueueDistillConfig(teacher="t").student_head(WIDTH, 24)
-    gin.clear_config()
-    gin.parse_config("sentemb_jax.QueueDistillConfig.head = 'Always'")
-    with pytest.raises(ConfigError, match=r"gin binding sentemb_jax\.QueueDistillConfig\.head = 'Always': must be one of"):
-        QueueDistillConfig(teacher="t")
+        ConGen(teacher="t", head="sometimes")
+    # The command line words the same error as the gin binding that set the value.
+    gin.parse_config("sentemb_jax.ConGen.head = 'never'")
+    gin.finalize()
+    with pytest.raises(ConfigError) as e:
+        _method("never", 24).student_head(WIDTH)
+    assert configuration.reword(e.value).startswith(
+        "gin binding sentemb_jax.ConGen.head = 'never': the student embeds in 32 dimensions and the teacher in 24")
 
 
 def test_never_fails_when_the_teacher_loads(student, tmp_path, minilm_dir):
     """The train loop's prepare() refuses before the teacher embeds any data (the task is never read)."""
     make_minilm_shaped_bert(tmp_path / "teacher", minilm_dir, layers=1, hidden=24)
-    method = QueueDistillConfig(teacher=str(tmp_path / "teacher"), head="never").make_method(16)
+    method = ConGen(teacher=str(tmp_path / "teacher"), head="never")
     with pytest.raises(ConfigError, match="the student embeds in 32 dimensions and the teacher in 24"):
-        method.prepare("no_such_task", student)
-    assert method.teacher_rows is None
+        method.prepare(MethodContext(student=student, sequence_length=16, seed=0, task="no_such_task"))
+    assert method._rows is None
 
 
-@pytest.mark.parametrize("head,teacher_dim,want", [("always", 256, 256), ("when_widths_differ", 256, None),
-                                                   ("when_widths_differ", 384, 384)])
-def test_aot_train_program_builds_the_head_train_builds(head, teacher_dim, want, monkeypatch):
-    """The compile-only train step gets the head train() adds (a 256-d t5_tiny student, no teacher loaded)."""
+@pytest.mark.parametrize("head,size,want", [("always", "t5_tiny_d384", 384), ("when_widths_differ", "t5_tiny", 384),
+                                            ("when_widths_differ", "t5_tiny_d384", None)])
+def test_aot_train_program_builds_the_head_train_builds(head, size, want, monkeypatch, minilm_dir):
+    """The compile-only train step gets the head the run setup adds (a T5 student from scratch, its
+    width 256 or 384, against all-MiniLM-L6-v2's 384; nothing of the task read)."""
     from sentemb_jax.benchmarks import aot
 
     monkeypatch.chdir(REPO)
-    program = aot.train_program(["gin/congen.gin", "gin/models/t5_tiny.gin"], [
-        "sentemb_jax.tower_module.backbone = @sentemb_jax.T5Config()", "sentemb_jax.T5Config.has_decoder = False",
-        f"TEACHER_DIM = {teacher_dim}", f"sentemb_jax.QueueDistillConfig.head = '{head}'"], jax.devices()[:1])
+    program = aot.train_program(["gin/congen.gin", f"gin/sizes/{size}.gin"], [
+        "sentemb_jax.TowerConfig.init_from = None", "sentemb_jax.TowerConfig.init_layers = None",
+        f"sentemb_jax.TowerConfig.tokenizer_dir = '{minilm_dir}'",
+        "sentemb_jax.TowerConfig.backbone = @sentemb_jax.T5Config()", "sentemb_jax.T5Config.has_decoder = False",
+        f"sentemb_jax.ConGen.head = '{head}'"], jax.devices()[:1])
     tower = program.args[0].params["tower"]
     assert ("projection" in tower) == (want is not None)
     if want:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from hf_models import make_t5
+from run_utils import gin_file_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE = ("INFO", "absl", "I0000", "oneDNN", "cuInit", "cuda", "TPU", "In call to configurable")
@@ -20,7 +21,7 @@ def t5_dir(tmp_path_factory):
 
 
 def _job(t5_dir, model_dir, data_dir, *extra):
-    cmd = [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/tiny_t5_nli.gin", f"--gin.MODEL_PATH='{t5_dir}'",
+    cmd = [sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/tiny_t5_nli.gin"), f"--gin.MODEL_PATH='{t5_dir}'",
            f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'", *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("SENTEMB_TRACEBACK", "TF_CPP_MIN_LOG_LEVEL")}
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
@@ -28,16 +29,16 @@ def _job(t5_dir, model_dir, data_dir, *extra):
 
 def test_training_job_is_quiet_and_logs_everything(t5_dir, tmp_path, data_dir):
     run = tmp_path / "run"
-    proc = _job(t5_dir, run, data_dir, "--gin.sentemb_jax.train.num_steps=2")
+    proc = _job(t5_dir, run, data_dir, "--gin.sentemb_jax.RunConfig.num_steps=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     console = proc.stdout + proc.stderr
     assert not [n for n in NOISE if n in console], console[-3000:]
     log = (run / "run.log").read_text()
-    assert "python -m sentemb_jax.main --gin_file=gin/runs/tiny_t5_nli.gin" in log.splitlines()[0]
+    assert "python -m sentemb_jax.main --gin_file=gin/models/local.gin --gin_file=gin/runs/tiny_t5_nli.gin" in log.splitlines()[0]
     assert "INFO absl:" in log and "Saving checkpoint at step 2" in log  # orbax's chatter kept in the file
 
     # A rerun with --verbosity=2 resumes: our line and the library INFO lines are on the console.
-    proc = _job(t5_dir, run, data_dir, "--gin.sentemb_jax.train.num_steps=3", "--verbosity=2")
+    proc = _job(t5_dir, run, data_dir, "--gin.sentemb_jax.RunConfig.num_steps=3", "--verbosity=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {run} at step 2" in proc.stderr
     assert "absl: INFO:" in proc.stderr
@@ -68,9 +69,9 @@ def test_error_is_the_last_line_and_gin_context_goes_to_the_log(t5_dir, tmp_path
 def test_bad_configuration_exit_2_error_last(tmp_path, capsys):
     from sentemb_jax import main as runner
 
-    assert runner.main(["--gin_file=gin/runs/eval_stsb_dev.gin", "--verbosity=loud"]) == 2
+    assert runner.main([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--verbosity=loud"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --verbosity=loud: must be 0")
-    assert runner.main(["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.split=3"]) == 2
+    assert runner.main([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.sentemb_jax.evaluate_stsb.split=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: gin configuration error: sentemb_jax.evaluate_stsb.split = 3: expected str")
 

@@ -13,8 +13,8 @@ import torch
 import transformers
 from hf_models import make_t5
 
-from sentemb_jax.checkpoints import CheckpointError
 from sentemb_jax.cross_encoder import HEAD_CONFIG, HEAD_FILE, CrossEncoder
+from sentemb_jax.errors import CheckpointError
 
 TOL = 1e-5
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sentemb_jax.data.files import DataError, FileSpec, index_rows, read_examples, read_sts_pairs
+from sentemb_jax.data.files import FileSpec, index_rows, read_examples, read_sts_pairs
+from sentemb_jax.errors import DataError
 
 PAIR = {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"}
 
@@ -92,7 +93,7 @@ def test_bad_scores_name_file_and_line(tmp_path, score, message):
 
 
 def test_missing_file_and_columns(tmp_path):
-    with pytest.raises(DataError, match=r"nope\.tsv: no such file \(set by gin binding X\.path='nope\.tsv'\)"):
+    with pytest.raises(DataError, match=r"nope\.tsv: no such file \(from X\.path='nope\.tsv'\)"):
         index_rows(FileSpec(str(tmp_path / "nope.tsv"), PAIR, binding="X.path='nope.tsv'"))
     path = _write(tmp_path, "h.tsv", "sentence1\tother\tscore\na\tb\t1\n")
     with pytest.raises(DataError, match=r"h\.tsv:1: header .* lacks column\(s\) \['sentence2'\]"):

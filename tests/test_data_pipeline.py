@@ -7,10 +7,11 @@ import os
 import numpy as np
 import pytest
 import seqio
+from run_utils import gin_file_args
 
-from sentemb_jax.data.files import DataError
 from sentemb_jax.data.pipeline import InputPipeline, to_model_batch
 from sentemb_jax.data.tasks import register_tasks, register_tfds_tasks
+from sentemb_jax.errors import DataError
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def test_neighbour_view_is_the_next_row_of_the_same_file(minilm_dir, tmp_path):
 
 def test_missing_file_names_path_and_binding(minilm_dir, tmp_path):
     """A required task's missing file is named up front; an unrequired one when the task is read."""
-    message = r"nli/triples\.tsv: no such file \(set by gin binding sentemb_jax\.data\.register_tasks\.data_dir="
+    message = r"nli/triples\.tsv: no such file \(from DataConfig\.data_dir="
     with pytest.raises(DataError, match=message):
         register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",), require=("nli_triples",))
     names = register_tasks(tokenizer_dir=minilm_dir, data_dir=str(tmp_path), kinds=("nli_triples",))
@@ -252,11 +253,11 @@ def test_data_job_reports_missing_file_with_binding(tmp_path):
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/data_summary.gin",
+    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/data_summary.gin"),
                            f"--gin.DATA_DIR='{tmp_path}'"], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
-    assert (f"error: {tmp_path}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding "
-            f"sentemb_jax.data.register_tasks.data_dir='{tmp_path}' (DATA_DIR)") in proc.stderr
+    assert (f"error: {tmp_path}/qa/cqa_qatarliving.jsonl: no such file (from DataConfig.data_dir='{tmp_path}' + "
+            "files['commqa']='qa/cqa_qatarliving.jsonl')") in proc.stderr
 
 
 def test_same_length_pads_every_feature_to_one_bucket():
@@ -325,7 +326,7 @@ def test_state_moves_between_process_counts_with_one_global_batch(tasks):
 
 def test_too_few_rows_for_one_batch_is_an_error_not_a_hang(minilm_dir, tmp_path):
     """5 rows, batch 8, incomplete batches dropped: every epoch would be empty (it looped forever)."""
-    from sentemb_jax.data.files import DataError
+    from sentemb_jax.errors import DataError
 
     (tmp_path / "nli").mkdir()
     rows = ["anchor\tpositive\tnegative"] + [f"a{i} x\tp{i} y\tn{i} z" for i in range(5)]

@@ -8,7 +8,8 @@ import transformers
 from hf_models import SPM_MODEL
 
 from sentemb_jax.data.files import read_sts_pairs
-from sentemb_jax.data.vocab import VocabularyError, WordPieceVocabulary, tokenizer_spec_for
+from sentemb_jax.data.vocab import WordPieceVocabulary, tokenizer_spec_for
+from sentemb_jax.errors import VocabularyError
 
 
 def _tf_ids(spec, texts, max_length):

@@ -8,6 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from run_utils import gin_file_args
 
 from sentemb_jax import losses
 from sentemb_jax.jobs.distill import ensemble_distill
@@ -94,7 +95,7 @@ def test_bad_student_init_is_refused_before_any_training(tmp_path):
         raise AssertionError("no submodel may train when the job's settings are wrong")
 
     with pytest.raises(ValueError, match="student_init 'first_submodel': choose from"):
-        ensemble_distill(model_dir=str(tmp_path / "run"), submodels=[never], student=never, distill=None,
+        ensemble_distill(model_dir=str(tmp_path / "run"), submodels=[], submodel_methods=[], student=None, method=None,
                          student_init="first_submodel")
     assert not (tmp_path / "run").exists()
 
@@ -142,16 +143,16 @@ def test_tiny_ensemble_job_end_to_end(tmp_path, data_dir, small_sts_data_dir, mi
     col = lines[0].split("\t").index("sentence")
     (tmp_path / "s.tsv").write_text("sentence\n" + "\n".join(l.split("\t")[col] for l in lines[1:241]) + "\nok\n")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/ensemble_distill_cpu.gin",
-           f"--gin.MODEL_DIR='{out}'", f"--gin.MODEL_PATH='{model}'", f"--gin.DATA_DIR='{small_sts_data_dir}'",
-           f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': '{tmp_path / 's.tsv'}'}}",
-           "--gin.SUB_STEPS=3", "--gin.STUDENT_STEPS=4", "--gin.sentemb_jax.train.init_layers=1",
-           "--gin.sentemb_jax.ensemble_distill.student_layers=1", "--gin.sentemb_jax.train.batch_size=16",
-           "--gin.sentemb_jax.train.sequence_length=32", "--gin.sentemb_jax.train.eval_every=3",
-           "--gin.student/sentemb_jax.train.eval_every=2", "--gin.sentemb_jax.ensemble_distill.teacher=None",
-           "--gin.sentemb_jax.ensemble_distill.submodels=[@sub1/sentemb_jax.train, @sub2/sentemb_jax.train]",
+    cmd = [sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/ensemble_distill_cpu.gin"),
+           f"--gin.MODEL_DIR='{out}'", f"--gin.TEACHER='{model}'", f"--gin.DATA_DIR='{small_sts_data_dir}'",
+           f"--gin.sentemb_jax.DataConfig.files={{'sentences': '{tmp_path / 's.tsv'}'}}",
+           "--gin.SUB_STEPS=3", "--gin.STUDENT_STEPS=4", "--gin.STUDENT_LAYERS=1", "--gin.sentemb_jax.DataConfig.batch_size=16",
+           "--gin.sentemb_jax.DataConfig.sequence_length=32", "--gin.sentemb_jax.EvalConfig.every=3",
+           "--gin.student/sentemb_jax.EvalConfig.every=2", "--gin.sentemb_jax.ensemble_distill.teacher=None",
+           "--gin.sentemb_jax.ensemble_distill.submodels=[@sub1/sentemb_jax.RunConfig(), @sub2/sentemb_jax.RunConfig()]",
+           "--gin.sentemb_jax.ensemble_distill.submodel_methods=[@sub1/sentemb_jax.SimCSE(), @sub2/sentemb_jax.SimCSE()]",
            "--gin.sentemb_jax.ensemble_distill.student_init='best_submodel'",
-           f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{tmp_path / 'cache'}'"]
+           f"--gin.sentemb_jax.EnsembleStudent.cache_dir='{tmp_path / 'cache'}'"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((out / "results.json").read_text())

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 from fake_models import CosineByName, HashEncoder, write_tsv
+from run_utils import gin_file_args
 from st_reference import alignment_uniformity, cosine_spearman_x100, read_scored_pairs, st_encode
 
 from sentemb_jax import main as runner
@@ -28,7 +29,7 @@ def sts_job(tmp_path_factory, data_dir):
     gin.clear_config()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rc = runner.main(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'",
+        rc = runner.main([*gin_file_args("gin/runs/eval_sts.gin"), f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'",
                           f"--gin.SICKR_TEST_PATH='{os.path.join(data_dir, 'sick', 'sick_r_trial.tsv')}'"])
     gin.clear_config()
     # The runner sends Python warnings to MODEL_DIR/run.log (sentemb_jax/console.py); a library call keeps them.
@@ -103,7 +104,7 @@ def test_eval_sts_job_needs_model_dir(capsys):
     import gin
 
     gin.clear_config()
-    assert runner.main(["--gin_file=gin/runs/eval_sts.gin"]) == 2
+    assert runner.main([*gin_file_args("gin/runs/eval_sts.gin")]) == 2
     assert "MODEL_DIR" in capsys.readouterr().err
     gin.clear_config()
 
@@ -112,7 +113,7 @@ def test_eval_sts_job_rejects_unknown_aggregation(tmp_path, capsys):
     import gin
 
     gin.clear_config()
-    rc = runner.main(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{tmp_path}'", "--gin.STS_AGGREGATION='median'"])
+    rc = runner.main([*gin_file_args("gin/runs/eval_sts.gin"), f"--gin.MODEL_DIR='{tmp_path}'", "--gin.STS_AGGREGATION='median'"])
     assert rc == 2
     assert "STS_AGGREGATION must be one of ('all', 'mean', 'wmean'), got 'median'" in capsys.readouterr().err
     gin.clear_config()
@@ -166,7 +167,7 @@ def test_every_eval_gin_file_runs(tmp_path, monkeypatch, gin_file, section):
     gin.clear_config()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = runner.main([f"--gin_file=gin/runs/{gin_file}", f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'"]
+        rc = runner.main([*gin_file_args(f"gin/runs/{gin_file}"), f"--gin.MODEL_DIR='{out}'", f"--gin.DATA_DIR='{data}'"]
                          + ([f"--gin.RERANK_PATH='{queries}'"] if "reranking" in gin_file else []))
     gin.clear_config()
     assert rc == 0

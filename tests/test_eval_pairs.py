@@ -6,7 +6,7 @@ import pytest
 from fake_models import HashEncoder, OverlapCrossEncoder, write_tsv
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from sentemb_jax.data.files import DataError
+from sentemb_jax.errors import DataError
 from sentemb_jax.evaluation.encoding import EmbeddingCache, encode_sentences
 from sentemb_jax.evaluation.pairs import evaluate_pair_file, evaluate_pair_tasks, pair_auc
 from sentemb_jax.evaluation.readers import read_reranking_jsonl

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from fake_models import CosineByName, write_tsv
 
-from sentemb_jax.data.files import DataError
+from sentemb_jax.errors import DataError
 from sentemb_jax.evaluation.report import sts_table
 from sentemb_jax.evaluation.sts import MissingDataWarning, ScoredPairs, aggregate, evaluate_sts_tasks
 

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from hf_models import make_t5
+from run_utils import gin_file_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5
@@ -62,7 +63,7 @@ def _reload_and_compare(out_dir, encoder, sentences, batch=500, want=None):
 def minilm_export(tmp_path_factory):
     """all-MiniLM-L6-v2 exported once for this module, by the gin job on the command line."""
     out = str(tmp_path_factory.mktemp("export") / "minilm_sm")
-    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/export_savedmodel.gin",
+    proc = subprocess.run([sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/export_savedmodel.gin"),
                            f"--gin.EXPORT_DIR='{out}'"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out

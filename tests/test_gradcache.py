@@ -8,9 +8,10 @@ import numpy as np
 import optax
 import pytest
 
+from sentemb_jax.methods.contrastive import Contrastive
 from sentemb_jax.models import T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, loss_and_grads, train_step
+from sentemb_jax.training.method import TrainState
 
 B, L = 64, 12
 
@@ -33,10 +34,10 @@ def setup():
 def test_chunks_of_8_equal_full_batch_64(setup):
     learnable = True  # also covers the temperature gradient through the cached loss
     module, tower, batch = setup
-    cfg = ContrastiveConfig(negative="negative", chunk_size=8, learnable_temperature=learnable, bidirectional=True)
-    params = initial_params(tower, cfg)
-    full = jax.jit(lambda p, rng: loss_and_grads(module, p, batch, rng, cfg))
-    cached = jax.jit(lambda p: loss_and_grads(module, p, batch, jax.random.PRNGKey(1), dataclasses.replace(cfg, gradcache=True)))
+    cfg = Contrastive(negative="negative", chunk_size=8, learnable_temperature=learnable, bidirectional=True)
+    params = {"tower": tower, **cfg.init_params(16)}
+    full = jax.jit(lambda p, rng: cfg.loss_and_grads(module, p, batch, rng))
+    cached = jax.jit(lambda p: dataclasses.replace(cfg, gradcache=True).loss_and_grads(module, p, batch, jax.random.PRNGKey(1)))
     (l1, g1), (l2, g2) = full(params, jax.random.PRNGKey(1)), cached(params)
     assert abs(float(l1) - float(l2)) <= 1e-5
     diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), g1, g2))
@@ -48,9 +49,9 @@ def test_chunks_of_8_equal_full_batch_64(setup):
 
 def test_chunk_size_must_divide_batch(setup):
     module, tower, batch = setup
-    cfg = ContrastiveConfig(chunk_size=7, gradcache=True)
+    cfg = Contrastive(chunk_size=7, gradcache=True)
     with pytest.raises(ValueError, match="not divisible by chunk_size=7"):
-        loss_and_grads(module, initial_params(tower, cfg), batch, jax.random.PRNGKey(0), cfg)
+        cfg.loss_and_grads(module, {"tower": tower}, batch, jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("chunk_size", [8, None])
@@ -61,20 +62,20 @@ def test_gradcache_step_equals_plain_full_batch_step_without_dropout(setup, chun
     step agree to float32 round-off (bound 1e-5, as in the chunked test above)."""
     module, tower, batch = setup
     module = module.clone(backbone_config=dataclasses.replace(module.backbone_config, dropout_rate=0.0))
-    cfg = ContrastiveConfig(negative="negative", learnable_temperature=True, bidirectional=True)
-    params = initial_params(tower, cfg)
+    cfg = Contrastive(negative="negative", learnable_temperature=True, bidirectional=True)
+    params = {"tower": tower, **cfg.init_params(16)}
     optimizer = optax.sgd(0.5)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
-    plain = jax.jit(lambda s, rng: train_step(s, batch, rng, module=module, optimizer=optimizer, cfg=cfg))
+    plain = jax.jit(lambda s, rng: cfg.step(s, batch, rng, module=module, optimizer=optimizer))
     cached_cfg = dataclasses.replace(cfg, chunk_size=chunk_size, gradcache=True)
-    cached = jax.jit(lambda s, rng: train_step(s, batch, rng, module=module, optimizer=optimizer, cfg=cached_cfg))
-    (l1, g1), (l2, g2) = [jax.jit(lambda p, c=c: loss_and_grads(module, p, batch, jax.random.PRNGKey(1), c))(params)
+    cached = jax.jit(lambda s, rng: cached_cfg.step(s, batch, rng, module=module, optimizer=optimizer))
+    (l1, g1), (l2, g2) = [jax.jit(lambda p, c=c: c.loss_and_grads(module, p, batch, jax.random.PRNGKey(1)))(params)
                           for c in (cfg, cached_cfg)]
     assert abs(float(l1) - float(l2)) <= 1e-5
     assert max(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), g1, g2))) <= 1e-5
     assert max(float(jnp.abs(x).max()) for x in jax.tree_util.tree_leaves(g1)) > 1e-2  # non-trivial gradients
     # Dropout is off: the rng changes nothing (another rng, the same loss).
-    assert float(l1) == float(loss_and_grads(module, params, batch, jax.random.PRNGKey(2), cfg)[0])
+    assert float(l1) == float(cfg.loss_and_grads(module, params, batch, jax.random.PRNGKey(2))[0])
     (s1, m1), (s2, m2) = plain(state, jax.random.PRNGKey(3)), cached(state, jax.random.PRNGKey(4))
     assert abs(float(m1["loss"]) - float(m2["loss"])) <= 1e-5
     moved = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), s1.params, params))

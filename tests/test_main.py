@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from run_utils import gin_file_args
 from st_reference import cosine_spearman_x100, read_scored_pairs, st_encode
 
 from sentemb_jax import main as runner
@@ -15,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_default_job_scores_stsb_dev(tmp_path, data_dir, minilm_dir):
     """The README's `make run` job, in-process: MiniLM on STS-B dev."""
     out = tmp_path / "run"
-    rc = runner.main(["--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{data_dir}'",
+    rc = runner.main([*gin_file_args("gin/runs/eval_stsb_dev.gin"), f"--gin.DATA_DIR='{data_dir}'",
                       f"--gin.sentemb_jax.evaluate_stsb.model_dir='{out}'"])
     assert rc == 0
     result = json.loads((out / "results.json").read_text())
@@ -34,18 +35,18 @@ def test_default_job_scores_stsb_dev(tmp_path, data_dir, minilm_dir):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.nosuch.param=1"], "No configurable matching 'nosuch'"),
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.sentemb_jax.evaluate_stsb.bogus=1"], "doesn't have a parameter named 'bogus'"),
         # A value of the wrong type is named before the job starts (not a TypeError deep inside it).
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.batch_size='64'"],
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.sentemb_jax.evaluate_stsb.batch_size='64'"],
          "sentemb_jax.evaluate_stsb.batch_size = '64': expected int"),
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.model_dir=3"],
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.sentemb_jax.evaluate_stsb.model_dir=3"],
          "sentemb_jax.evaluate_stsb.model_dir = 3: expected str or None"),
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin.sentemb_jax.evaluate_stsb.split=('dev'"],
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin.sentemb_jax.evaluate_stsb.split=('dev'"],
          "gin configuration error: ('EOF in multi-line statement'"),
-        (["--gin_file=gin/runs/absent.gin"], "gin/runs/absent.gin: no such file"),
+        ([*gin_file_args("gin/runs/absent.gin")], "gin/runs/absent.gin: no such file"),
         ([], "no --gin_file given"),
-        (["--gin_file=gin/runs/eval_stsb_dev.gin", "--oops"], "unrecognised argument '--oops'"),
+        ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--oops"], "unrecognised argument '--oops'"),
     ],
 )
 def test_bad_command_lines_exit_2(args, message, capsys):
@@ -69,7 +70,7 @@ def test_missing_required_value_exit_2(tmp_path, capsys):
 
 def test_missing_data_file_names_path(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{tmp_path}'"],
+        [sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/eval_stsb_dev.gin"), f"--gin.DATA_DIR='{tmp_path}'"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode != 0

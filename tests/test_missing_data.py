@@ -8,9 +8,10 @@ an evaluation with none of its tasks' data is an error, not a table of dashes.
 import os
 
 import pytest
+from run_utils import gin_file_args
 
 from sentemb_jax import main as runner
-from sentemb_jax.data.files import DataError
+from sentemb_jax.errors import DataError
 
 
 @pytest.fixture
@@ -67,11 +68,11 @@ def test_nli_training_needs_no_qa_file(tmp_path, data_dir, minilm_dir):
     import gin
 
     gin.clear_config()
-    rc = runner.main(["--gin_file=gin/runs/minilm_nli.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
-                      f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_PATH='{model}'", "--gin.sentemb_jax.train.num_steps=1",
-                      "--gin.sentemb_jax.train.batch_size=4", "--gin.sentemb_jax.train.sequence_length=16",
-                      "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.learning_rate_schedule.total_steps=1",
-                      "--gin.sentemb_jax.learning_rate_schedule.warmup_steps=0"])
+    rc = runner.main([*gin_file_args("gin/runs/minilm_nli.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+                      f"--gin.DATA_DIR='{data}'", f"--gin.MODEL_PATH='{model}'", "--gin.sentemb_jax.RunConfig.num_steps=1",
+                      "--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16",
+                      "--gin.sentemb_jax.EvalConfig.every=None", "--gin.sentemb_jax.ScheduleConfig.total_steps=1",
+                      "--gin.sentemb_jax.ScheduleConfig.warmup_steps=0"])
     gin.clear_config()
     assert rc == 0
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
@@ -85,23 +86,22 @@ def test_registration_is_lazy_and_require_names_only_what_is_asked(tmp_path, dat
     names = register_tasks(tokenizer_dir=minilm_dir, data_dir=data, require=("nli_triples", "sts_pairs"))
     assert set(names) == {"commqa", "nli_triples", "nli_pairs", "sts_pairs", "sentences", "qa_nli_pairs"}  # names stable
     assert register_tasks(tokenizer_dir=None, data_dir=data) == names  # the check-only call: same names, nothing loaded
-    qa = f"{data}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding sentemb_jax.data.register_tasks.data_dir="
+    qa = f"{data}/qa/cqa_qatarliving.jsonl: no such file (from DataConfig.data_dir="
     with pytest.raises(DataError) as e:
         register_tasks(tokenizer_dir=None, data_dir=data, require=("qa_nli_pairs",))  # a mixture: its parts' files
     assert str(e.value).startswith(qa) and "nli/pairs.tsv" not in str(e.value)  # only the missing one
     with pytest.raises(DataError, match="no such file"):  # a task read anyway names its file when read
         next(iter(InputPipeline(names["commqa"], batch_size=2, sequence_length=16, seed=0)))
-    with pytest.raises(DataError, match=rf"^{tmp_path}/absent: no such data directory \(set by gin binding "):
+    with pytest.raises(DataError, match=rf"^{tmp_path}/absent: no such data directory \(sentemb_jax.DataConfig.data_dir\)"):
         register_tasks(tokenizer_dir=None, data_dir=str(tmp_path / "absent"), require=("nli_triples",))
 
 
 def test_training_on_a_missing_task_file_names_it_before_any_work(tmp_path, data_dir, capsys, no_model_loading):
     data = _nli_and_stsb_only(tmp_path / "data", data_dir)
-    rc, errors = _run(["--gin_file=gin/runs/minilm_nli.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
-                       f"--gin.DATA_DIR='{data}'", "--gin.sentemb_jax.train.task='qa_nli_pairs'"], capsys)
+    rc, errors = _run([*gin_file_args("gin/runs/minilm_nli.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+                       f"--gin.DATA_DIR='{data}'", "--gin.sentemb_jax.DataConfig.task='qa_nli_pairs'"], capsys)
     assert rc == 1
-    assert errors == [f"error: {data}/qa/cqa_qatarliving.jsonl: no such file (set by gin binding "
-                      f"sentemb_jax.data.register_tasks.data_dir='{data}' (DATA_DIR) + "
+    assert errors == [f"error: {data}/qa/cqa_qatarliving.jsonl: no such file (from DataConfig.data_dir='{data}' + "
                       "files['commqa']='qa/cqa_qatarliving.jsonl')"]
     assert _no_work_in(tmp_path / "run")
 
@@ -109,19 +109,19 @@ def test_training_on_a_missing_task_file_names_it_before_any_work(tmp_path, data
 def test_ensemble_checks_every_scoped_train_first(tmp_path, data_dir, capsys, no_model_loading):
     """ensemble_distill_cpu.gin: submodel 1 reads NLI + wiki sentences (scoped files): no wiki -> named."""
     data = _nli_and_stsb_only(tmp_path / "data", data_dir)
-    rc, errors = _run(["--gin_file=gin/runs/ensemble_distill_cpu.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/ensemble_distill_cpu.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
                        f"--gin.DATA_DIR='{data}'"], capsys)
     assert rc == 1
-    assert errors[0].startswith(f"error: {data}/unlabelled/wiki1m_head.tsv: no such file (set by gin binding "), errors
+    assert errors[0].startswith(f"error: {data}/unlabelled/wiki1m_head.tsv: no such file (from DataConfig.data_dir="), errors
     assert _no_work_in(tmp_path / "run")
 
 
 def test_data_summary_reads_every_task_so_needs_every_file(tmp_path, data_dir, capsys):
     data = _nli_and_stsb_only(tmp_path / "data", data_dir)
-    rc, errors = _run(["--gin_file=gin/runs/data_summary.gin", f"--gin.DATA_DIR='{data}'"], capsys)
+    rc, errors = _run([*gin_file_args("gin/runs/data_summary.gin"), f"--gin.DATA_DIR='{data}'"], capsys)
     assert rc == 1
     assert "qa/cqa_qatarliving.jsonl: no such file" in errors[0] and "unlabelled" not in errors[0]
-    rc, errors = _run(["--gin_file=gin/runs/data_summary.gin", f"--gin.DATA_DIR='{tmp_path / 'absent'}'"], capsys)
+    rc, errors = _run([*gin_file_args("gin/runs/data_summary.gin"), f"--gin.DATA_DIR='{tmp_path / 'absent'}'"], capsys)
     assert rc == 1 and errors[0].startswith(f"error: {tmp_path / 'absent'}: no such data directory"), errors
 
 
@@ -134,7 +134,7 @@ def test_data_summary_reads_every_task_so_needs_every_file(tmp_path, data_dir, c
                                            ("eval_all.gin", "eval_all"), ("eval_stsb_dev.gin", "evaluate_stsb")])
 def test_missing_data_dir_is_named_with_its_binding(tmp_path, capsys, no_model_loading, gin_file, job):
     missing = tmp_path / "no_data_here"
-    rc, errors = _run([f"--gin_file=gin/runs/{gin_file}", f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
+    rc, errors = _run([*gin_file_args(f"gin/runs/{gin_file}"), f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
                        f"--gin.DATA_DIR='{missing}'"], capsys)
     assert rc == 1
     assert errors == [f"error: {missing}: no such data directory (set by gin binding sentemb_jax.{job}.data_dir = %DATA_DIR)"]
@@ -151,7 +151,7 @@ def test_every_task_omitted_is_an_error(tmp_path, data_dir, capsys, no_model_loa
     data = tmp_path / "data"
     data.mkdir()
     os.symlink(os.path.join(data_dir, "nli"), data / "nli")
-    rc, errors = _run([f"--gin_file=gin/runs/{gin_file}", f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
+    rc, errors = _run([*gin_file_args(f"gin/runs/{gin_file}"), f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
                        f"--gin.DATA_DIR='{data}'"], capsys)
     assert rc == 1
     assert errors[0].startswith(f"error: {job}: every task omitted, no data for any of them under {data} (set by gin "
@@ -183,7 +183,7 @@ def test_an_absent_task_of_an_existing_data_dir_is_still_only_omitted(tmp_path):
 
 def test_missing_model_path_eval(tmp_path, data_dir, capsys, no_model_loading):
     missing = tmp_path / "no_model"
-    rc, errors = _run(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/eval_sts.gin"), f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
                        f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_PATH='{missing}'"], capsys)
     assert rc == 1
     assert errors == [f"error: {missing}: no such model directory (set by gin binding sentemb_jax.eval_sts.model_path = %MODEL_PATH)"]
@@ -191,16 +191,16 @@ def test_missing_model_path_eval(tmp_path, data_dir, capsys, no_model_loading):
 
 def test_missing_model_path_train(tmp_path, data_dir, capsys, no_model_loading):
     missing = tmp_path / "no_model"
-    rc, errors = _run(["--gin_file=gin/runs/minilm_nli.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/minilm_nli.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
                        f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_PATH='{missing}'"], capsys)
     assert rc == 1
-    assert errors == [f"error: {missing}: no such model directory (set by gin binding sentemb_jax.train.init_from = %MODEL_PATH)"]
+    assert errors == [f"error: {missing}: no such model directory (set by gin binding sentemb_jax.TowerConfig.init_from = %MODEL_PATH)"]
     assert _no_work_in(tmp_path / "run")
 
 
 def test_missing_sickr_test_path_eval_sts(tmp_path, data_dir, capsys, no_model_loading):
     missing = tmp_path / "sick_r_test.tsv"
-    rc, errors = _run(["--gin_file=gin/runs/eval_sts.gin", f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/eval_sts.gin"), f"--gin.MODEL_DIR='{tmp_path / 'out'}'",
                        f"--gin.DATA_DIR='{data_dir}'", f"--gin.SICKR_TEST_PATH='{missing}'"], capsys)
     assert rc == 1
     assert errors == [f"error: {missing}: no such file (set by gin binding sentemb_jax.eval_sts.sickr_test_path = %SICKR_TEST_PATH)"]
@@ -209,7 +209,7 @@ def test_missing_sickr_test_path_eval_sts(tmp_path, data_dir, capsys, no_model_l
 def test_missing_sickr_test_path_distill_report(tmp_path, data_dir, capsys, no_model_loading):
     """The README's default job: named before the teacher is loaded or scored."""
     missing = tmp_path / "sick_r_test.tsv"
-    rc, errors = _run(["--gin_file=gin/runs/default.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.DATA_DIR='{data_dir}'",
+    rc, errors = _run([*gin_file_args("gin/default.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.DATA_DIR='{data_dir}'",
                        f"--gin.sentemb_jax.distill_report.sickr_test_path='{missing}'"], capsys)
     assert rc == 1
     assert errors == [f"error: {missing}: no such file (set by gin binding sentemb_jax.distill_report.sickr_test_path)"]
@@ -218,26 +218,26 @@ def test_missing_sickr_test_path_distill_report(tmp_path, data_dir, capsys, no_m
 
 def test_distill_report_checks_its_train_before_scoring_the_teacher(tmp_path, data_dir, capsys, no_model_loading):
     data = _nli_and_stsb_only(tmp_path / "data", data_dir)  # no unlabelled/: the ConGen sentences are NLI + wiki
-    rc, errors = _run(["--gin_file=gin/runs/default.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.DATA_DIR='{data}'"],
+    rc, errors = _run([*gin_file_args("gin/default.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'", f"--gin.DATA_DIR='{data}'"],
                       capsys)
     assert rc == 1
-    assert errors[0].startswith(f"error: {data}/unlabelled/wiki1m_head.tsv: no such file (set by gin binding "), errors
+    assert errors[0].startswith(f"error: {data}/unlabelled/wiki1m_head.tsv: no such file (from DataConfig.data_dir="), errors
 
 
 def test_training_that_scores_stsb_dev_needs_it(tmp_path, data_dir, capsys, no_model_loading):
     data = tmp_path / "data"  # NLI only: minilm_nli scores STS-B dev every 50 steps
     data.mkdir()
     os.symlink(os.path.join(data_dir, "nli"), data / "nli")
-    rc, errors = _run(["--gin_file=gin/runs/minilm_nli.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/minilm_nli.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
                        f"--gin.DATA_DIR='{data}'"], capsys)
     assert rc == 1
-    assert errors == [f"error: {data}/stsb/dev.tsv: no such file (STS-B dev, scored every train.eval_every=50 steps; "
-                      "data_dir set by gin binding sentemb_jax.train.data_dir = %DATA_DIR)"]
+    assert errors == [f"error: {data}/stsb/dev.tsv: no such file (STS-B dev, scored every EvalConfig.every=50 steps; "
+                      "data_dir set by gin binding sentemb_jax.DataConfig.data_dir = %DATA_DIR)"]
 
 
 def test_trans_encoder_checks_its_files_first(tmp_path, data_dir, capsys, no_model_loading):
     data = _nli_and_stsb_only(tmp_path / "data", data_dir)  # no sick/: the unlabelled pairs are SICK-R train
-    rc, errors = _run(["--gin_file=gin/runs/trans_encoder_sts_cpu.gin", f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+    rc, errors = _run([*gin_file_args("gin/runs/trans_encoder_sts_cpu.gin"), f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
                        f"--gin.DATA_DIR='{data}'"], capsys)
     assert rc == 1
     assert errors[0].startswith(f"error: {data}/sick/sick_r_train.tsv: no such file (set by gin binding "

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from hf_models import make_t5
-from run_utils import latest_checkpoint
+from run_utils import gin_file_args, latest_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,13 +22,13 @@ def _free_port() -> int:
 
 
 def _cmd(model_path, model_dir, data_dir, steps):
-    return [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/tiny_t5_nli.gin",
+    return [sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/tiny_t5_nli.gin"),
             f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'",
-            f"--gin.sentemb_jax.train.num_steps={steps}", "--gin.sentemb_jax.train.checkpoint_every=3",
+            f"--gin.sentemb_jax.RunConfig.num_steps={steps}", "--gin.sentemb_jax.CheckpointConfig.every=3",
             # Each process reads every 2nd row of the global order, so a global batch holds the same
             # rows as the 1-process run's in another order: dropout masks would land on other rows.
-            "--gin.sentemb_jax.train.config_overrides={'dropout_rate': 0.0}",
-            "--gin.sentemb_jax.train.fixed_padding=True", "--gin.sentemb_jax.make_mesh.model=2"]
+            "--gin.sentemb_jax.TowerConfig.config_overrides={'dropout_rate': 0.0}",
+            "--gin.sentemb_jax.DataConfig.fixed_padding=True", "--gin.sentemb_jax.MeshConfig.model=2"]
 
 
 def _env(devices, **extra):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from sentemb_jax.data.packing import first_fit_decreasing, pack_batch, pack_texts
+from sentemb_jax.methods.contrastive import Contrastive
 from sentemb_jax.models import BertConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.training.step import ContrastiveConfig, initial_params, loss_and_grads
 
 SIDES = ("anchor", "positive", "negative")
 
@@ -96,19 +96,18 @@ def test_packed_embeddings_equal_unpacked(name):
 def test_packed_loss_and_gradients_equal_unpacked():
     module = _models()["t5_encdec_first"]
     batch = _batch(np.random.default_rng(2), n=16, width=16)
-    params = initial_params(nn.meta.unbox(module.init(jax.random.PRNGKey(0), batch["anchor_input_ids"][:2],
-                                                      batch["anchor_attention_mask"][:2])["params"]),
-                            ContrastiveConfig())
-    cfg = ContrastiveConfig(negative="negative", bidirectional=True)
+    params = {"tower": nn.meta.unbox(module.init(jax.random.PRNGKey(0), batch["anchor_input_ids"][:2],
+                                                 batch["anchor_attention_mask"][:2])["params"])}
+    cfg = Contrastive(negative="negative", bidirectional=True)
     packed = {k: jnp.asarray(v) for k, v in pack_batch(batch, SIDES, row_length=32, pad_id=0).items()}
-    l1, g1 = loss_and_grads(module, params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0), cfg)
-    l2, g2 = jax.jit(lambda p, b: loss_and_grads(module, p, b, jax.random.PRNGKey(0), cfg))(params, packed)
+    l1, g1 = cfg.loss_and_grads(module, params, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
+    l2, g2 = jax.jit(lambda p, b: cfg.loss_and_grads(module, p, b, jax.random.PRNGKey(0)))(params, packed)
     assert abs(float(l1) - float(l2)) <= 1e-5
     diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), g1, g2))
     assert max(diffs) <= 1e-5
     assert max(float(jnp.abs(x).max()) for x in jax.tree_util.tree_leaves(g1)) > 1e-2
     with pytest.raises(ValueError, match="packed batches run the whole batch in one call"):
-        loss_and_grads(module, params, packed, jax.random.PRNGKey(0), dataclasses.replace(cfg, chunk_size=8))
+        dataclasses.replace(cfg, chunk_size=8).loss_and_grads(module, params, packed, jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("backbone,pooling", [("bert", "first"), ("bert", "mean"), ("t5", "first")])
@@ -116,8 +115,9 @@ def test_packed_cross_encoder_logits_and_gradients_equal_padded(backbone, poolin
     """Cross-encoder pairs packed into rows (token types packed along): same logits, same gradients."""
     import optax
 
-    from sentemb_jax.methods.trans_encoder import StepState, cross_step
+    from sentemb_jax.methods.trans_encoder import cross_step
     from sentemb_jax.models.cross import CrossEncoderModule
+    from sentemb_jax.training.method import TrainState
 
     module = CrossEncoderModule(_models()[f"{backbone}_mean" if backbone == "t5" else "bert_cls_max"].backbone_config,
                                 pooling=pooling, head_dropout=0.0)
@@ -149,9 +149,9 @@ def test_packed_cross_encoder_logits_and_gradients_equal_padded(backbone, poolin
     opt = optax.sgd(1.0)
     grads = {}
     for name, batch in (("padded", {**feats, "labels": labels}), ("packed", {**feats, **packed, "labels": labels})):
-        state = StepState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
+        state = TrainState(step=jnp.zeros((), jnp.int32), params={"tower": params}, opt_state=opt.init({"tower": params}))
         new, metrics = cross_step(state, batch, jax.random.PRNGKey(0), module=module, optimizer=opt)
-        grads[name] = (float(metrics["loss"]), jax.tree_util.tree_map(lambda a, b: a - b, params, new.params))
+        grads[name] = (float(metrics["loss"]), jax.tree_util.tree_map(lambda a, b: a - b, params, new.params["tower"]))
     assert abs(grads["padded"][0] - grads["packed"][0]) <= 1e-6
     diffs = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), grads["padded"][1], grads["packed"][1])
     assert max(jax.tree_util.tree_leaves(diffs)) <= 1e-5

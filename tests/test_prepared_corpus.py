@@ -12,11 +12,10 @@ import seqio
 
 from sentemb_jax.data import prepare as prep
 from sentemb_jax.data import storage
-from sentemb_jax.data.files import DataError
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.prepared import PreparedCorpus, PreparedSource
 from sentemb_jax.data.tasks import RowFileSource, cut_ids, file_spec, register_tasks
-from sentemb_jax.validation import ConfigError
+from sentemb_jax.errors import ConfigError, DataError
 
 ROWS_PER_FILE = 60
 

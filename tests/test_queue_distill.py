@@ -16,8 +16,10 @@ import torch
 from hf_models import make_minilm_shaped_bert
 
 from sentemb_jax import losses
+from sentemb_jax.errors import ConfigError
 from sentemb_jax.methods import instance_queue as iq
-from sentemb_jax.methods.queue_distill import QueueDistillConfig, distill_loss, embedding_norm
+from sentemb_jax.methods.queue_distill import SCT, ConGen, EnsembleStudent, L2Distillation
+from sentemb_jax.training.method import TrainState
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -129,14 +131,14 @@ def test_baseline_switch_terms():
     rng = np.random.default_rng(2)
     t, c, g = _unit(rng, 3, 4), _unit(rng, 3, 4), _unit(rng, 3, 4)
     mse = lambda a, b: float(np.mean((a - b) ** 2))  # noqa: E731
-    loss = lambda m: float(distill_loss(QueueDistillConfig(method=m, teacher="t"), c, g, (), (t,), None))  # noqa: E731
+    loss = lambda m: float(L2Distillation(variant=m, teacher="t").loss(c, g, (), (t,), None))  # noqa: E731
     assert loss("l2") == pytest.approx(mse(c, t), rel=1e-6)
     assert loss("dual_l2") == pytest.approx(mse(c, t) + mse(g, t), rel=1e-6)
     assert loss("skd") == pytest.approx(mse(c, t) + mse(g, t) + mse(c, g), rel=1e-6)
-    with pytest.raises(ValueError, match="needs a teacher"):
-        QueueDistillConfig(method="congen")
-    with pytest.raises(ValueError, match="method 'seed'"):
-        QueueDistillConfig(method="seed", teacher="t")
+    with pytest.raises(ConfigError, match=r"^sentemb_jax.ConGen\(teacher=None\): needs a teacher"):
+        ConGen()
+    with pytest.raises(ConfigError, match=r"^sentemb_jax.L2Distillation\(variant='seed'\): must be one of"):
+        L2Distillation(variant="seed", teacher="t")
 
 
 
@@ -150,15 +152,15 @@ def test_l2_baselines_compare_unit_vectors_unless_asked(method):
     terms = {"l2": [(c, t)], "dual_l2": [(c, t), (g, t)], "skd": [(c, t), (g, t), (c, g)]}[method]
 
     def loss(cfg, student_scale):
-        norm = embedding_norm(cfg)
-        return float(distill_loss(cfg, norm(student_scale * c), norm(student_scale * g), (), (norm(t),), None))
+        norm = cfg.embedding_norm()
+        return float(cfg.loss(norm(student_scale * c), norm(student_scale * g), (), (norm(t),), None))
 
-    faithful = QueueDistillConfig(method=method, teacher="t")
+    faithful = L2Distillation(variant=method, teacher="t")
     assert loss(faithful, 3.0) == pytest.approx(sum(mse(a, b) for a, b in terms), rel=1e-6)
-    raw = QueueDistillConfig(method=method, teacher="t", l2_on_raw_output=True)
+    raw = L2Distillation(variant=method, teacher="t", on_raw_output=True)
     scaled = {id(c): 3 * c, id(g): 3 * g, id(t): t}
     assert loss(raw, 3.0) == pytest.approx(sum(mse(scaled[id(a)], scaled[id(b)]) for a, b in terms), rel=1e-6)
-    np.testing.assert_array_equal(embedding_norm(QueueDistillConfig(method="ensemble"))(3 * c), 3 * c)  # as given
+    np.testing.assert_array_equal(EnsembleStudent().embedding_norm()(3 * c), 3 * c)  # as given
 
 def test_first_layers_is_the_teachers_intermediate_layer(tmp_path, minilm_dir):
     from sentemb_jax.encoder import SentenceEncoder
@@ -200,15 +202,15 @@ def tiny(tmp_path_factory, data_dir, minilm_dir):
     return root, files
 
 
-def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=(), cache="cache", expect_ok=True):
+def _run(gin_file, root, files, out, data_dir, teacher="teacher", extra=(), cache="cache", expect_ok=True, method="ConGen"):
     cmd = [sys.executable, "-m", "sentemb_jax.main", f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{out}'",
            f"--gin.TEACHER='{root / teacher}'", "--gin.STUDENT_LAYERS=1", f"--gin.DATA_DIR='{data_dir}'",
-           f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': {files!r}}}", "--gin.NUM_STEPS=6",
-           "--gin.sentemb_jax.train.batch_size=16", "--gin.sentemb_jax.train.sequence_length=32",
-           "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.train.checkpoint_every=3",
-           "--gin.sentemb_jax.train.log_every=1", "--gin.sentemb_jax.learning_rate_schedule.peak=1e-3",
-           "--gin.sentemb_jax.QueueDistillConfig.queue_size=40",
-           f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / cache}'", *extra]
+           f"--gin.sentemb_jax.DataConfig.files={{'sentences': {files!r}}}", "--gin.NUM_STEPS=6",
+           "--gin.sentemb_jax.DataConfig.batch_size=16", "--gin.sentemb_jax.DataConfig.sequence_length=32",
+           "--gin.sentemb_jax.EvalConfig.every=None", "--gin.sentemb_jax.CheckpointConfig.every=3",
+           "--gin.sentemb_jax.RunConfig.log_every=1", "--gin.sentemb_jax.ScheduleConfig.peak=1e-3",
+           f"--gin.sentemb_jax.{method}.queue_size=40",
+           f"--gin.sentemb_jax.{method}.cache_dir='{root / cache}'", *extra]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     if not expect_ok:
         return proc
@@ -236,14 +238,14 @@ def test_congen_job_caches_teacher_per_teacher_and_fills_the_queue(tiny, tmp_pat
     np.testing.assert_allclose(rows[[0, 149, 150, 239]], teacher.encode([texts[i] for i in (0, 149, 150, 239)],
                                                                         normalize_embeddings=True), atol=1e-5)
     # Queue: 6 steps x 16 teacher rows into 40 slots; every entry is a teacher row.
-    (queue,) = state["queues"]
+    (queue,) = state["extra"]["queues"]
     assert int(queue["pointer"]) == (6 * 16) % 40
     values = np.asarray(queue["values"])
     assert np.abs(values[:, None, :] - rows[None]).max(axis=2).min(axis=1).max() <= 1e-6
     assert "projection" not in state["params"]["tower"]  # same width as the teacher: no student head
     # Another teacher never reuses this cache. (This student starts from random weights.)
     _, state2 = _run("gin/congen.gin", root, files, str(tmp_path / "congen2"), data_dir, teacher="teacher2",
-                     extra=["--gin.sentemb_jax.train.init_random=True"])
+                     extra=["--gin.sentemb_jax.TowerConfig.init_random=True"])
     assert len([f for f in os.listdir(root / "cache") if f.endswith(".npy")]) == 2
     from safetensors.numpy import load_file
 
@@ -266,14 +268,14 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
     root, files = tiny
     distill = gin_file.endswith("sct_distill.gin")
     # The default reference pass ('separate': f_ref's own no-gradient pass with its own dropout).
-    extra = ["--gin.sentemb_jax.QueueDistillConfig.projector_expansion=2"]
+    extra = ["--gin.sentemb_jax.SCT.projector_expansion=2"]
     if view2:
-        extra.append(f"--gin.sentemb_jax.data.register_tasks.views=('none', '{view2}')")
+        extra.append(f"--gin.sentemb_jax.DataConfig.views=('none', '{view2}')")
     cache = root / "cache"
     before = set(os.listdir(cache)) if cache.is_dir() else set()
-    lines, state = _run(gin_file, root, files, str(tmp_path / "sct"), data_dir, extra=extra)
+    lines, state = _run(gin_file, root, files, str(tmp_path / "sct"), data_dir, extra=extra, method="SCT")
     assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
-    q1, q2 = state["queues"]
+    q1, q2 = state["extra"]["queues"]
     assert int(q1["pointer"]) == int(q2["pointer"]) == (6 * 16) % 40
     # Filled by the two views' references: different rows, unit length.
     v1, v2 = np.asarray(q1["values"]), np.asarray(q2["values"])
@@ -281,7 +283,7 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
     np.testing.assert_allclose(np.linalg.norm(v1, axis=1), 1.0, atol=1e-5)
     assert np.asarray(state["params"]["projector"]["block0_up"]["kernel"]).shape == (32, 64)
     online = distill and view2 == "word_deletion"
-    assert bool(state.get("teacher")) == online  # the teacher's weights ride in the state only when it runs in the step
+    assert bool(state["extra"].get("teacher")) == online  # the teacher's weights ride in the state only when it runs in the step
     if distill and not online:
         from sentemb_jax.data import augment
 
@@ -303,12 +305,13 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
 def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypatch, capsys):
     """A NaN in the 5th batch (its teacher embeddings): by default the job stops at step 5 naming the
     batch's source lines, the last checkpoint (step 3) intact and finite; with
-    train.skip_nonfinite=1 the batch is skipped (state unchanged), counted, and the run finishes.
+    RunConfig.skip_nonfinite=1 the batch is skipped (state unchanged), counted, and the run finishes.
     A cache file holding NaN rows is refused when read."""
     from sentemb_jax import main as runner
     from sentemb_jax.data.pipeline import InputPipeline
     from sentemb_jax.data.tasks import register_tasks
     from sentemb_jax.methods import queue_distill as qd
+    from sentemb_jax.methods import teacher_cache
 
     root, files = tiny
     names = register_tasks(tokenizer_dir=str(root / "teacher"), data_dir=data_dir, files={"sentences": files},
@@ -316,7 +319,7 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
     fifth = list(itertools.islice(iter(InputPipeline(names["sentences"], batch_size=16, sequence_length=32, seed=0)), 5))[-1]
     bad = int(fifth["row_id"][0])  # the first row of the train loop's 5th batch (seed 0: the job's order)
     where = f"{files[0]}:{bad + 2}" if bad < 150 else f"{files[1]}:{bad - 150 + 2}"  # header = line 1
-    model_batch = qd.QueueDistillMethod.model_batch
+    model_batch = qd.QueueDistill.model_batch
 
     def poisoned(self, batch):
         out = model_batch(self, batch)
@@ -325,13 +328,13 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
             out["teacher_view1"][list(batch["row_id"]).index(bad)] = np.nan
         return out
 
-    monkeypatch.setattr(qd.QueueDistillMethod, "model_batch", poisoned)
+    monkeypatch.setattr(qd.QueueDistill, "model_batch", poisoned)
     args = ["--gin_file=gin/congen.gin", f"--gin.TEACHER='{root / 'teacher'}'", "--gin.STUDENT_LAYERS=1",
-            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.data.register_tasks.files={{'sentences': {files!r}}}",
-            "--gin.NUM_STEPS=6", "--gin.sentemb_jax.train.batch_size=16", "--gin.sentemb_jax.train.sequence_length=32",
-            "--gin.sentemb_jax.train.eval_every=None", "--gin.sentemb_jax.train.checkpoint_every=3",
-            "--gin.sentemb_jax.train.log_every=1", "--gin.sentemb_jax.QueueDistillConfig.queue_size=40",
-            f"--gin.sentemb_jax.QueueDistillConfig.cache_dir='{root / 'cache'}'"]
+            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.DataConfig.files={{'sentences': {files!r}}}",
+            "--gin.NUM_STEPS=6", "--gin.sentemb_jax.DataConfig.batch_size=16", "--gin.sentemb_jax.DataConfig.sequence_length=32",
+            "--gin.sentemb_jax.EvalConfig.every=None", "--gin.sentemb_jax.CheckpointConfig.every=3",
+            "--gin.sentemb_jax.RunConfig.log_every=1", "--gin.sentemb_jax.ConGen.queue_size=40",
+            f"--gin.sentemb_jax.ConGen.cache_dir='{root / 'cache'}'"]
     out = tmp_path / "stop"
     assert runner.main(args + [f"--gin.MODEL_DIR='{out}'"]) == 1
     err = capsys.readouterr().err
@@ -343,14 +346,14 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(state))
 
     skip = tmp_path / "skip"
-    assert runner.main(args + [f"--gin.MODEL_DIR='{skip}'", "--gin.sentemb_jax.train.skip_nonfinite=1"]) == 0
+    assert runner.main(args + [f"--gin.MODEL_DIR='{skip}'", "--gin.sentemb_jax.RunConfig.skip_nonfinite=1"]) == 0
     lines = [json.loads(line) for line in open(skip / "metrics.jsonl")]
     assert [l["step"] for l in lines] == list(range(1, 7)) and all(np.isfinite(l["loss"]) for l in lines)
     assert "skipped_batches" not in lines[3] and lines[4]["skipped_batches"] == lines[-1]["skipped_batches"] == 1
     manager = ocp.CheckpointManager(str(skip / "checkpoints"))
     state = manager.restore(6, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(state))
-    assert int(state["queues"][0]["pointer"]) == (6 * 16) % 40  # 6 steps from 7 batches: the bad one left no trace
+    assert int(state["extra"]["queues"][0]["pointer"]) == (6 * 16) % 40  # 6 steps from 7 batches: the bad one left no trace
 
     # A cache file with a NaN row is refused, naming the file.
     (npy,) = [f for f in os.listdir(root / "cache") if f.endswith(".npy") and np.load(root / "cache" / f).shape == (240, 32)][:1]
@@ -358,16 +361,17 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
     rows[7] = np.inf
     np.save(tmp_path / "bad.npy", rows)
     with pytest.raises(ValueError, match=r"bad\.npy: 1 row\(s\) hold NaN / inf \(rows \[7\]\)"):
-        qd._checked_finite(np.load(tmp_path / "bad.npy"), str(tmp_path / "bad.npy"))
+        teacher_cache._checked_finite(np.load(tmp_path / "bad.npy"), str(tmp_path / "bad.npy"))
 
 
 def test_warmup_fraction_schedule():
+    from sentemb_jax.training.config import ScheduleConfig
     from sentemb_jax.training.optimizers import learning_rate_schedule
 
-    s = learning_rate_schedule(peak=1e-3, total_steps=100, warmup_fraction=0.1)
+    s = learning_rate_schedule(ScheduleConfig(peak=1e-3, warmup_fraction=0.1), num_steps=100)
     assert [float(s(i)) for i in (0, 5, 10, 55, 100)] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4, 0.0], abs=1e-9)
-    with pytest.raises(ValueError, match="warmup_fraction=1.5"):
-        learning_rate_schedule(total_steps=100, warmup_fraction=1.5)
+    with pytest.raises(ConfigError, match=r"^sentemb_jax.ScheduleConfig\(warmup_fraction=1.5\): must be None or a number in \[0, 1\)$"):
+        ScheduleConfig(warmup_fraction=1.5)
 
 
 class _BagOfWords(flax.linen.Module):
@@ -424,7 +428,7 @@ def test_one_distill_step_equals_numpy(method):
 
     import optax
 
-    from sentemb_jax.methods.queue_distill import DistillState, Projector, distill_step
+    from sentemb_jax.methods.queue_distill import Projector
 
     rng = np.random.default_rng(5)
     batch = _distill_batch(rng)
@@ -437,18 +441,18 @@ def test_one_distill_step_equals_numpy(method):
     start = [_unit(rng, 6, 4) for _ in range(2 if method == "sct" else 1)]
     queues = tuple(iq.InstanceQueue(values=jnp.asarray(q), pointer=jnp.asarray(4, jnp.int32)) for q in start)
     if method == "congen":
-        cfg = QueueDistillConfig(method="congen", teacher="t", queue_size=6, alpha=0.3)
+        cfg = ConGen(teacher="t", queue_size=6, alpha=0.3)
         teacher_raw = 2.0 * rng.standard_normal((4, 4)).astype(np.float32)
         batch["teacher_view1"] = teacher_raw
         params = {"tower": tower}
     else:
-        cfg = QueueDistillConfig(method="sct", queue_size=6, projector_layers=1, projector_expansion=2)
+        cfg = SCT(queue_size=6, projector_layers=1, projector_expansion=2)
         params = {"tower": tower, "projector": Projector(1, 2).init(jax.random.PRNGKey(1), jnp.zeros((1, 4)))["params"]}
-    np.testing.assert_allclose(np.asarray(embedding_norm(cfg)(jnp.asarray([[3.0, 4.0]]))), [[0.6, 0.8]], rtol=1e-6)  # unit length
+    np.testing.assert_allclose(np.asarray(cfg.embedding_norm()(jnp.asarray([[3.0, 4.0]]))), [[0.6, 0.8]], rtol=1e-6)  # unit length
     optimizer = optax.sgd(0.1)
-    state = DistillState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), queues=queues,
-                         teacher=None)
-    step = jax.jit(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg))
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                       extra={"queues": queues, "teacher": None})
+    step = jax.jit(functools.partial(cfg.step, module=module, optimizer=optimizer))
     new, metrics = step(state, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(3))
 
     u1, u2 = _np_unit(z1), _np_unit(z2)
@@ -475,8 +479,8 @@ def test_one_distill_step_equals_numpy(method):
         want = 0.5 * _np_kl(u2 @ d2.T / 0.02, o1 @ d2.T / 0.03) + 0.5 * _np_kl(u1 @ d1.T / 0.02, o2 @ d1.T / 0.03)
     assert float(metrics["loss"]) == pytest.approx(want, rel=1e-5)
     assert int(new.step) == 1
-    assert len(new.queues) == len(expected_queues)
-    for got, (values, pointer), before in zip(new.queues, expected_queues, start):
+    assert len(new.extra["queues"]) == len(expected_queues)
+    for got, (values, pointer), before in zip(new.extra["queues"], expected_queues, start):
         assert int(got.pointer) == pointer == 2
         np.testing.assert_allclose(np.asarray(got.values), values, atol=1e-6)
         np.testing.assert_array_equal(np.asarray(got.values)[2:4], before[2:4])  # slots 2, 3 not reached: untouched
@@ -507,11 +511,11 @@ def test_sct_reference_pass_is_separate_with_its_own_dropout_by_default():
 
     import optax
 
-    from sentemb_jax.methods.queue_distill import DistillState, Projector, distill_step
+    from sentemb_jax.methods.queue_distill import Projector
 
-    assert QueueDistillConfig(method="sct").reference_pass == "separate"
-    with pytest.raises(ValueError, match="reference_pass"):
-        QueueDistillConfig(method="sct", reference_pass="twice")
+    assert SCT().reference_pass == "separate"
+    with pytest.raises(ConfigError, match="reference_pass"):
+        SCT(reference_pass="twice")
     rng = np.random.default_rng(7)
     batch = {k: jnp.asarray(v) for k, v in _distill_batch(rng, b=6, length=6).items()}
     module = _DroppedBagOfWords()
@@ -522,14 +526,14 @@ def test_sct_reference_pass_is_separate_with_its_own_dropout_by_default():
     optimizer = optax.sgd(0.1)
     enqueued = {}
     for mode in ("separate", "online", "separate_no_dropout"):
-        cfg = QueueDistillConfig(method="sct", queue_size=6, projector_layers=1, projector_expansion=2, reference_pass=mode)
+        cfg = SCT(queue_size=6, projector_layers=1, projector_expansion=2, reference_pass=mode)
         queues = tuple(iq.InstanceQueue(values=jnp.zeros((6, 4)), pointer=jnp.asarray(0, jnp.int32)) for _ in range(2))
-        state = DistillState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params), queues=queues,
-                             teacher=None)
-        new, metrics = jax.jit(functools.partial(distill_step, module=module, optimizer=optimizer, cfg=cfg))(
+        state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                           extra={"queues": queues, "teacher": None})
+        new, metrics = jax.jit(functools.partial(cfg.step, module=module, optimizer=optimizer))(
             state, batch, jax.random.PRNGKey(3))
         assert np.isfinite(float(metrics["loss"]))
-        enqueued[mode] = [np.asarray(q.values, np.float64) for q in new.queues]
+        enqueued[mode] = [np.asarray(q.values, np.float64) for q in new.extra["queues"]]
     for got, want in zip(enqueued["separate_no_dropout"], clean):
         np.testing.assert_allclose(got, want, atol=1e-5)
     for view in range(2):

@@ -1,7 +1,7 @@
 """Robustness (issue 10): kill -9 at five moments (one mid checkpoint write) then exact resume;
 environment errors before the first step; bad encode() inputs; fuzzing of the tokenisation paths
 with random Unicode (surrogates and control characters included). docs/ROBUSTNESS.md lists every
-bad input with its message and exit code (`python -m sentemb_jax.experiments.robustness_table`)."""
+bad input with its message and exit code (`python -m lab.experiments.robustness_table`)."""
 import json
 import os
 import shutil
@@ -15,7 +15,7 @@ import pytest
 from hf_models import make_t5
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from run_utils import latest_checkpoint
+from run_utils import gin_file_args, latest_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16
@@ -29,8 +29,8 @@ def t5_dir(tmp_path_factory):
 
 
 def _train_args(model_path, model_dir, data_dir, steps=STEPS):
-    return ["--gin_file=gin/runs/tiny_t5_nli.gin", f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'",
-            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.train.num_steps={steps}"]
+    return [*gin_file_args("gin/runs/tiny_t5_nli.gin"), f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'",
+            f"--gin.DATA_DIR='{data_dir}'", f"--gin.sentemb_jax.RunConfig.num_steps={steps}"]
 
 
 def _cmd(*args, **kwargs):
@@ -38,7 +38,7 @@ def _cmd(*args, **kwargs):
 
 
 def _packed_cmd(*args):
-    return _cmd(*args) + ["--gin.sentemb_jax.train.pack=True"]  # the packer's state must resume too
+    return _cmd(*args) + ["--gin.sentemb_jax.DataConfig.pack=True"]  # the packer's state must resume too
 
 
 def _finalized(ckpt_dir):
@@ -101,7 +101,8 @@ def test_kill_at_five_moments_and_sigterm_then_resume_equals_uninterrupted(t5_di
 def test_stop_signals_set_a_flag_and_a_second_ctrl_c_interrupts():
     import signal as sig
 
-    from sentemb_jax.training.preemption import Preempted, StopSignals
+    from sentemb_jax.errors import Preempted
+    from sentemb_jax.training.preemption import StopSignals
 
     before = sig.getsignal(sig.SIGTERM)
     with StopSignals() as stop:
@@ -133,7 +134,7 @@ def test_model_dir_full_stops_before_training(t5_dir, tmp_path, data_dir, monkey
     out = tmp_path / "full_disk"
     assert runner.main(_train_args(t5_dir, str(out), data_dir)) == 1
     err = capsys.readouterr().err
-    assert f"MODEL_DIR {out}: 0.00 GiB free, but 3 checkpoints of this train state" in err and "keep_checkpoints" in err
+    assert f"MODEL_DIR {out}: 0.00 GiB free, but 3 checkpoints of this train state" in err and "CheckpointConfig.keep" in err
     assert not os.path.exists(out / "metrics.jsonl") and not _finalized(str(out / "checkpoints"))
 
 
@@ -162,7 +163,7 @@ def minilm(minilm_dir):
 
 def test_encode_bad_inputs(minilm):
     # Empty input, None, a non-str item and batch_size 0: tests/test_minilm.py::test_encode_input_errors.
-    from sentemb_jax.tokenization import InvalidTextError
+    from sentemb_jax.errors import InvalidTextError
 
     with pytest.raises(TypeError, match="item 0 is bytes"):
         minilm.encode([b"bytes"])
@@ -186,7 +187,7 @@ ANY_TEXT = st.text(st.one_of(st.characters(), st.characters(categories=["Cs", "C
 @example(texts=["\ud800"])  # found by hypothesis: a lone surrogate (InvalidTextError since)
 @example(texts=["ok", "ab\ud800c"])
 def test_fuzz_encode_only_our_error(minilm, texts):
-    from sentemb_jax.tokenization import InvalidTextError
+    from sentemb_jax.errors import InvalidTextError
 
     has_surrogate = any(0xD800 <= ord(c) <= 0xDFFF for t in texts for c in t)
     try:
@@ -244,7 +245,7 @@ def test_max_seq_length_beyond_positions_is_capped(minilm_dir, caplog):
 def test_model_without_tokenizer_files_is_an_error(minilm_dir, tmp_path):
     """It loaded with a 5-token fallback vocabulary (every word [UNK]) and gave wrong embeddings."""
     from sentemb_jax.encoder import SentenceEncoder
-    from sentemb_jax.tokenization import TokenizerError
+    from sentemb_jax.errors import TokenizerError
 
     copy = tmp_path / "no_tokenizer"
     shutil.copytree(minilm_dir, copy, ignore=shutil.ignore_patterns("tokenizer.json", "vocab.txt"))

@@ -31,10 +31,10 @@ def _ladder_gin(path, rungs: str) -> str:
 run.job = @sentemb_jax.scaling_study
 sentemb_jax.scaling_study.model_dir = %MODEL_DIR
 sentemb_jax.scaling_study.recipe = ['gin/recipes/tiny_t5_nli_scratch.gin']
-sentemb_jax.scaling_study.bindings = ['NUM_STEPS = {STEPS}', 'sentemb_jax.train.batch_size = {BATCH}',
-    'sentemb_jax.train.sequence_length = {LENGTH}', 'sentemb_jax.learning_rate_schedule.warmup_steps = 1',
-    'sentemb_jax.train.eval_every = 2', 'sentemb_jax.train.eval_at_start = False',
-    'sentemb_jax.train.checkpoint_every = 2', 'sentemb_jax.train.log_every = 2']
+sentemb_jax.scaling_study.bindings = ['NUM_STEPS = {STEPS}', 'sentemb_jax.DataConfig.batch_size = {BATCH}',
+    'sentemb_jax.DataConfig.sequence_length = {LENGTH}', 'sentemb_jax.ScheduleConfig.warmup_steps = 1',
+    'sentemb_jax.EvalConfig.every = 2', 'sentemb_jax.EvalConfig.at_start = False',
+    'sentemb_jax.CheckpointConfig.every = 2', 'sentemb_jax.RunConfig.log_every = 2']
 sentemb_jax.scaling_study.prepare = @sentemb_jax.from_scratch_inputs
 sentemb_jax.from_scratch_inputs.out_dir = %INPUTS
 sentemb_jax.scaling_study.rungs = {rungs}
@@ -44,9 +44,8 @@ sentemb_jax.scaling_study.rungs = {rungs}
 
 SIZE_BINDINGS = "[" + ", ".join(repr(b) for b in SIZE) + "]"
 TWO_RUNGS = f"""[
-    {{'name': 'r1_mean', 'gin_files': ['gin/architectures/dual_encoder.gin', 'gin/models/t5_tiny.gin'], 'bindings': {SIZE_BINDINGS}}},
-    {{'name': 'r2_encdec', 'gin_files': ['gin/architectures/encdec_first.gin', 'gin/architectures/encdec_dropout_encoder_only.gin',
-                                      'gin/models/t5_tiny.gin'], 'bindings': {SIZE_BINDINGS}}},
+    {{'name': 'r1_mean', 'gin_files': ['gin/models/t5_tiny_scratch.gin'], 'bindings': {SIZE_BINDINGS}}},
+    {{'name': 'r2_encdec', 'gin_files': ['gin/models/t5_tiny_scratch_encdec.gin'], 'bindings': {SIZE_BINDINGS}}},
 ]"""
 
 
@@ -162,9 +161,9 @@ def test_bad_rungs_are_named_before_any_training(ladder_data, tmp_path, capsys, 
     monkeypatch.setenv("SENTEMB_DATA_DIR", ladder_data)
     monkeypatch.chdir(REPO)
     rungs = f"""[
-        {{'name': 'good', 'gin_files': ['gin/architectures/dual_encoder.gin', 'gin/models/t5_tiny.gin'], 'bindings': {SIZE_BINDINGS}}},
-        {{'name': 'no_file', 'gin_files': ['gin/architectures/dual_encoder.gin', 'gin/models/t5_nope.gin']}},
-        {{'name': 'bad_binding', 'gin_files': ['gin/architectures/dual_encoder.gin', 'gin/models/t5_tiny.gin'],
+        {{'name': 'good', 'gin_files': ['gin/models/t5_tiny_scratch.gin'], 'bindings': {SIZE_BINDINGS}}},
+        {{'name': 'no_file', 'gin_files': ['gin/models/t5_tiny_scratch.gin', 'gin/sizes/t5_nope.gin']}},
+        {{'name': 'bad_binding', 'gin_files': ['gin/models/t5_tiny_scratch.gin'],
           'bindings': ['sentemb_jax.T5Config.not_a_field = 3']}},
     ]"""
     gin_file = _ladder_gin(tmp_path / "bad.gin", rungs)
@@ -172,8 +171,8 @@ def test_bad_rungs_are_named_before_any_training(ladder_data, tmp_path, capsys, 
     code = runner.main([f"--gin_file={gin_file}", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.INPUTS='{tmp_path / 'in'}'"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "2 of 3 rungs cannot run, nothing trained" in err
-    assert "rung 'no_file'" in err and "gin/models/t5_nope.gin: no such gin file" in err
+    assert "2 of 3 rungs cannot run, nothing trained" in err, err
+    assert "rung 'no_file'" in err and "gin/sizes/t5_nope.gin: no such gin file" in err
     assert "rung 'bad_binding'" in err and "not_a_field" in err and "rung 'good'" not in err
     assert not model_dir.exists() or os.listdir(model_dir) == ["run.log"]  # nothing written, no inputs made
     assert not os.path.exists(tmp_path / "in")
@@ -265,7 +264,7 @@ def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checke
     monkeypatch.setenv("SENTEMB_DATA_DIR", ladder_data)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(REPO)
-    tiny = "'gin/architectures/dual_encoder.gin', 'gin/models/t5_tiny.gin'"
+    tiny = "'gin/models/t5_tiny_scratch.gin'"
     rungs = f"""[
         {{'name': 'crashes', 'gin_files': [{tiny}, '{tmp_path / "crash.gin"}'], 'bindings': {SIZE_BINDINGS}}},
         {{'name': 'good', 'gin_files': [{tiny}], 'bindings': {SIZE_BINDINGS}}},
@@ -277,8 +276,8 @@ def test_a_rung_whose_check_process_crashes_is_named_and_the_others_still_checke
                         "--gin.sentemb_jax.scaling_study.compiler_topology='v5e:2x2'"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "2 of 3 rungs cannot run, nothing trained" in err
-    assert "rung 'crashes' (gin/architectures/dual_encoder.gin, gin/models/t5_tiny.gin" in err
+    assert "2 of 3 rungs cannot run, nothing trained" in err, err
+    assert "rung 'crashes' (gin/models/t5_tiny_scratch.gin" in err
     assert "its check process (build and TPU compile) died on SIGSEGV; its output: " in err
     assert "rung 'bad_binding'" in err and "not_a_field" in err and "rung 'good'" not in err
     kept = err.split("its output: ")[1].split()[0]

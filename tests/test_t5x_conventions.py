@@ -1,6 +1,6 @@
 """t5x's job conventions: MODEL_DIR/config.gin (and the same text in TensorBoard), the
 comma-separated --gin_search_paths, --tfds_data_dir for TFDS-backed seqio tasks, and t5x's
-Adafactor in the Sentence-T5 run files."""
+Adafactor in the Sentence-T5 files."""
 import glob
 
 import jax
@@ -11,6 +11,7 @@ import pytest
 import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from run_utils import gin_file_args
 
 import gin
 from sentemb_jax import main as runner
@@ -59,7 +60,7 @@ def test_config_gin_search_paths_and_tfds_data_dir(tmp_path, data_dir, minilm_di
     (second / "split.gin").write_text("sentemb_jax.evaluate_stsb.split = 'dev'\n")
     model_dir = tmp_path / "run"
     job = tmp_path / "job.gin"
-    job.write_text("include 'gin/runs/eval_stsb_dev.gin'\ninclude 'split.gin'\n"
+    job.write_text("include 'gin/models/minilm_l6.gin'\ninclude 'gin/runs/eval_stsb_dev.gin'\ninclude 'split.gin'\n"
                    f"MODEL_DIR = '{model_dir}'\nsentemb_jax.evaluate_stsb.model_dir = %MODEL_DIR\n")
     tfds_dir = tmp_path / "tfds"
     SentembTinyQa(data_dir=str(tfds_dir)).download_and_prepare()
@@ -93,8 +94,8 @@ def test_config_gin_search_paths_and_tfds_data_dir(tmp_path, data_dir, minilm_di
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--gin_file=gin/runs/eval_stsb_dev.gin", "--gin_search_paths=/no/such/dir"], "--gin_search_path(s)=/no/such/dir: no such directory"),
-    (["--gin_file=gin/runs/eval_stsb_dev.gin", "--tfds_data_dir="], "--tfds_data_dir: empty"),
+    ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--gin_search_paths=/no/such/dir"], "--gin_search_path(s)=/no/such/dir: no such directory"),
+    ([*gin_file_args("gin/runs/eval_stsb_dev.gin"), "--tfds_data_dir="], "--tfds_data_dir: empty"),
 ])
 def test_bad_t5x_flags_exit_2(args, message, capsys):
     gin.clear_config()
@@ -121,12 +122,16 @@ def test_st5_files_train_with_t5x_adafactor(path, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(optimizers.optax, "adafactor", adafactor)
-    optimizers.run_optimizer(10000)  # the files' num_steps
+    from sentemb_jax.jobs.train import bound_train
+
+    config, _ = bound_train()
+    optimizers.make_optimizer(config.optimizer, config.schedule, config.num_steps)
     assert seen["multiply_by_parameter_scale"] is True and seen["clipping_threshold"] == 1.0
     assert seen["decay_rate"] == 0.8 and seen["min_dim_size_to_factor"] == 128 and seen["factored"] is True
 
 
 def test_make_optimizer_clipping_threshold_is_optax_adafactor():
+    from sentemb_jax.training.config import OptimizerConfig, ScheduleConfig
     from sentemb_jax.training.optimizers import make_optimizer
 
     rng = np.random.default_rng(0)
@@ -143,8 +148,9 @@ def test_make_optimizer_clipping_threshold_is_optax_adafactor():
 
     direct = dict(min_dim_size_to_factor=128, decay_rate=0.8, multiply_by_parameter_scale=True, factored=True)
     for clip_norm in (1.0, None):  # with the global-norm clipping of the gradient before it, and without
-        ours = updates(make_optimizer("adafactor", 1e-2, clip_norm=clip_norm, multiply_by_parameter_scale=True,
-                                      clipping_threshold=1.0))
+        ours = updates(make_optimizer(OptimizerConfig("adafactor", clip_norm=clip_norm, multiply_by_parameter_scale=True,
+                                                      clipping_threshold=1.0),
+                                      ScheduleConfig(peak=1e-2, decay="constant"), num_steps=3))
         want = optax.adafactor(1e-2, clipping_threshold=1.0, **direct)
         want = updates(optax.chain(optax.clip_by_global_norm(clip_norm), want) if clip_norm else want)
         for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(want)):
@@ -155,15 +161,19 @@ def test_make_optimizer_clipping_threshold_is_optax_adafactor():
 
 
 @pytest.mark.parametrize("value,text", [(0, "0"), (-1, "-1"), ("x", "'x'"), (float("inf"), "1e999")])
-def test_bad_clipping_threshold_names_the_binding(value, text):
+def test_bad_clipping_threshold_names_the_argument_and_the_binding(value, text):
+    from sentemb_jax import configuration
     from sentemb_jax.errors import ConfigError
-    from sentemb_jax.training.optimizers import make_optimizer
+    from sentemb_jax.training.config import OptimizerConfig
 
     allowed = "must be None (no update clipping) or a finite number > 0"
     with pytest.raises(ConfigError) as e:
-        make_optimizer(clipping_threshold=value)
-    assert str(e.value).startswith(f"sentemb_jax.make_optimizer(clipping_threshold={value!r}): {allowed}")
-    gin.parse_config(f"sentemb_jax.make_optimizer.clipping_threshold = {text}")
+        OptimizerConfig(clipping_threshold=value)
+    assert str(e.value).startswith(f"sentemb_jax.OptimizerConfig(clipping_threshold={value!r}): {allowed}")
+    runner.register_configurables()
+    gin.parse_config(f"sentemb_jax.OptimizerConfig.clipping_threshold = {text}")
+    gin.finalize()
     with pytest.raises(ConfigError) as e:
-        make_optimizer()
-    assert str(e.value).startswith(f"gin binding sentemb_jax.make_optimizer.clipping_threshold = {value!r}: {allowed}")
+        gin.get_configurable("sentemb_jax.OptimizerConfig")()
+    assert configuration.reword(e.value).startswith(
+        f"gin binding sentemb_jax.OptimizerConfig.clipping_threshold = {value!r}: {allowed}")

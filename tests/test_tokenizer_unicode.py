@@ -14,7 +14,8 @@ import transformers
 from tokenizers import normalizers, pre_tokenizers
 
 from sentemb_jax.data import vocab
-from sentemb_jax.data.vocab import VocabularyError, tokenizer_spec_for
+from sentemb_jax.data.vocab import tokenizer_spec_for
+from sentemb_jax.errors import VocabularyError
 
 SWEEP_CATEGORIES = ("Zs", "Zl", "Zp", "Cc", "Cf", "Mn", "Mc", "Me")
 SWEEP_SIZE = 3000

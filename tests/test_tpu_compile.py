@@ -11,9 +11,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                 reason="libtpu not installed (pip install libtpu==0.0.42.1, or pip install -e '.[test]')")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["gin/runs/tiny_t5_nli.gin", "gin/models/t5_tiny.gin"]
-TINY_BINDINGS = ["sentemb_jax.tower_module.backbone = @sentemb_jax.T5Config()", "sentemb_jax.T5Config.has_decoder = False",
-                 "sentemb_jax.T5Config.scan_layers = True"]
+TINY = ["gin/models/t5_tiny_scratch.gin", "gin/runs/tiny_t5_nli.gin"]
+TINY_BINDINGS = ["sentemb_jax.T5Config.scan_layers = True", "sentemb_jax.OptimizerConfig.name = 'adafactor'",
+                 "sentemb_jax.OptimizerConfig.min_dim_size_to_factor = 16"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 from hf_models import make_t5
-from run_utils import latest_checkpoint
+from run_utils import gin_file_args, latest_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cmd(model_path, model_dir, data_dir):
-    return [sys.executable, "-m", "sentemb_jax.main", "--gin_file=gin/runs/tiny_t5_nli.gin",
+    return [sys.executable, "-m", "sentemb_jax.main", *gin_file_args("gin/runs/tiny_t5_nli.gin"),
             f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'", f"--gin.DATA_DIR='{data_dir}'"]
 
 
@@ -33,20 +33,20 @@ def test_unwritable_model_dir_fails_before_training(t5_dir, tmp_path, data_dir):
 def test_time_budget_stops_with_checkpoint_and_counts_training_time(t5_dir, tmp_path, data_dir):
     out = str(tmp_path / "budget")
     # A budget shorter than one step: the run stops after step 1 (not 8), checkpointed.
-    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.train.time_budget_s=0.001"],
+    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.RunConfig.time_budget_s=0.001"],
                    cwd=REPO, check=True, capture_output=True, timeout=600)
     params, data = latest_checkpoint(out, 1)
     assert data["train_seconds"] > 0.0
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     assert [l["step"] for l in lines] == [1] and lines[0]["train_seconds"] == data["train_seconds"]
     # Rerunning a run whose budget is spent takes no further step.
-    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.train.time_budget_s=0.001"],
+    subprocess.run(_cmd(t5_dir, out, data_dir) + ["--gin.sentemb_jax.RunConfig.time_budget_s=0.001"],
                    cwd=REPO, check=True, capture_output=True, timeout=600)
     latest_checkpoint(out, 1)
 
 
 def _args(model_path, model_dir, data_dir, *extra):
-    return ["--gin_file=gin/runs/tiny_t5_nli.gin", f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'",
+    return [*gin_file_args("gin/runs/tiny_t5_nli.gin"), f"--gin.MODEL_PATH='{model_path}'", f"--gin.MODEL_DIR='{model_dir}'",
             f"--gin.DATA_DIR='{data_dir}'", *extra]
 
 
@@ -72,11 +72,11 @@ def test_resume_with_another_configuration_or_data_is_refused(t5_dir, tmp_path, 
     data.mkdir()
     _small_nli_data(data_dir, data, (0, 200))
     run = tmp_path / "run"
-    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.train.num_steps=2")) == 0
+    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.RunConfig.num_steps=2")) == 0
     before = _snapshot(run)
     capsys.readouterr()
-    changed = ["--gin.sentemb_jax.train.num_steps=3", "--gin.sentemb_jax.train.batch_size=8",
-               "--gin.sentemb_jax.ContrastiveConfig.temperature=0.05", "--gin.sentemb_jax.train.init_layers=1"]
+    changed = ["--gin.sentemb_jax.RunConfig.num_steps=3", "--gin.sentemb_jax.DataConfig.batch_size=8",
+               "--gin.sentemb_jax.Contrastive.temperature=0.05", "--gin.sentemb_jax.TowerConfig.init_layers=1"]
     assert runner.main(_args(t5_dir, run, data, *changed)) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"error: MODEL_DIR {run} was trained with another configuration; it differs in: ")
@@ -89,15 +89,15 @@ def test_resume_with_another_configuration_or_data_is_refused(t5_dir, tmp_path, 
     # Other rows in the same file (the 40-rows-replaced-by-11-others case).
     (data / "nli" / "triples.tsv").unlink()
     _small_nli_data(data_dir, data, (300, 450))
-    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.train.num_steps=3")) == 1
+    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.RunConfig.num_steps=3")) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"data file {data}/nli/triples.tsv: changed (" in err and "bytes)" in err, err
     assert _snapshot(run) == before
     # Said explicitly: it resumes, and the new data's fingerprint is recorded.
-    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.train.num_steps=3",
-                             "--gin.sentemb_jax.train.allow_config_change=True")) == 0
+    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.RunConfig.num_steps=3",
+                             "--gin.sentemb_jax.CheckpointConfig.allow_config_change=True")) == 0
     assert "resuming" in capsys.readouterr().err and latest_checkpoint(str(run), 3)
-    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.train.num_steps=4")) == 0  # now the record
+    assert runner.main(_args(t5_dir, run, data, "--gin.sentemb_jax.RunConfig.num_steps=4")) == 0  # now the record
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def six_steps(t5_dir, data_dir, tmp_path_factory):
     from sentemb_jax import main as runner
 
     full = tmp_path_factory.mktemp("full") / "run"
-    assert runner.main(_args(t5_dir, full, data_dir, "--gin.sentemb_jax.train.num_steps=6")) == 0
+    assert runner.main(_args(t5_dir, full, data_dir, "--gin.sentemb_jax.RunConfig.num_steps=6")) == 0
     return full
 
 
@@ -119,7 +119,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path
     from sentemb_jax import main as runner
 
     full, run = six_steps, tmp_path / "run"
-    assert runner.main(_args(t5_dir, run, data_dir, "--gin.sentemb_jax.train.num_steps=4")) == 0
+    assert runner.main(_args(t5_dir, run, data_dir, "--gin.sentemb_jax.RunConfig.num_steps=4")) == 0
     newest = run / "checkpoints" / "4"
     for dirpath, _, files in os.walk(newest):
         for f in files:
@@ -138,7 +138,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(t5_dir, tmp_path
         assert SentenceEncoder.from_pretrained(str(run)).params is not None
     assert f"{run}/checkpoints/4 cannot be restored" in caplog.text
     capsys.readouterr()
-    assert runner.main(_args(t5_dir, run, data_dir, "--gin.sentemb_jax.train.num_steps=6")) == 0
+    assert runner.main(_args(t5_dir, run, data_dir, "--gin.sentemb_jax.RunConfig.num_steps=6")) == 0
     err = capsys.readouterr().err
     assert f"checkpoint step 4 of {run} is damaged" in err and f"moved to {run}/damaged_checkpoints/4" in err, err
     assert f"resumed from {run} at step 2" in err

@@ -9,7 +9,7 @@ import pytest
 from hf_models import make_minilm_shaped_bert
 from scipy import stats
 
-from sentemb_jax.data.files import DataError
+from sentemb_jax.errors import DataError
 from sentemb_jax.jobs.trans_encoder import trans_encoder as trans_encoder_job
 from sentemb_jax.methods import trans_encoder as te
 
@@ -131,9 +131,8 @@ def test_bad_settings_fail_before_training(tmp_path, minilm_dir):
     dev = te.EvalSet("d", "x.tsv")
     with pytest.raises(ValueError, match="schedule 'cyclic'"):
         trans_encoder_job(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev, schedule="cyclic")
-    with pytest.raises(ValueError, match="relabel mode 'zscore'"):
-        trans_encoder_job(model_dir=str(tmp_path), bi_encoders=[minilm_dir], pair_files=["x"], dev=dev,
-                         bi_to_cross=te.DistillPhase(relabel="zscore"))
+    with pytest.raises(ValueError, match=r"^sentemb_jax.DistillPhase\(relabel='zscore'\): must be one of"):
+        te.DistillPhase(relabel="zscore")
 
 
 def test_sigterm_in_a_phase_checkpoints_and_the_rerun_ends_as_uninterrupted(tmp_path, data_dir, minilm_dir, monkeypatch):
@@ -194,9 +193,9 @@ def test_sequential_schedule_passes_backbones_both_ways(tmp_path, data_dir, mini
     calls = []
     real_fit_phase = job.fit_phase
 
-    def spy(name, out, init, *args, **kwargs):
-        init = jax.device_get(init)
-        params, info = real_fit_phase(name, out, init, *args, **kwargs)
+    def spy(name, out, model, *args, **kwargs):
+        init = jax.device_get(model.params)
+        params, info = real_fit_phase(name, out, model, *args, **kwargs)
         calls.append((name, init, jax.device_get(params)))
         return params, info
 
@@ -224,3 +223,34 @@ def test_sequential_schedule_passes_backbones_both_ways(tmp_path, data_dir, mini
     # What the job saved is what the phases returned.
     assert _same_tree(CrossEncoder.from_pretrained(str(tmp_path / "run" / "model_0" / "cross_last")).params["backbone"],
                       cross_trained["backbone"])
+
+
+def test_cycle_on_8_devices_equals_one_device_and_uses_the_configured_optimizer(tmp_path, data_dir, minilm_dir):
+    """The phases build through the run setup: on 8 simulated devices (a data-parallel mesh, each
+    phase's batch split 8 ways) a cycle ends with the parameters of the same cycle on one device
+    (1e-5), and a phase trains with the optimizer its DistillPhase configures (Adafactor in a third
+    run: its factored statistics are in the phase's checkpoint, AdamW's moments are not).
+    (Adafactor is not used for the comparison: its epsilon of 1e-30 turns float round-off in a
+    gradient that is zero on one device into a step of the learning rate's size.)"""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trans_encoder_devices.py")
+    model = _tiny_bert(tmp_path / "m", minilm_dir, seed=0)
+    out = {}
+    for devices, optimizer in ((1, "adamw"), (8, "adamw"), (1, "adafactor")):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        run = tmp_path / f"run{devices}_{optimizer}"
+        proc = subprocess.run([sys.executable, script, model, data_dir, str(run), optimizer], capture_output=True,
+                              text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+        out[devices if optimizer == "adamw" else optimizer] = result
+    assert out[8]["devices"] == 8 and out[1]["devices"] == 1
+    for kind in ("cross", "bi"):
+        diff = max(abs(a - b) for a, b in zip(out[1][kind], out[8][kind]))
+        assert diff <= 1e-5, (kind, diff)
+        assert max(abs(a) for a in out[1][f"{kind}_moved"]) > 1e-4  # the phase trained
+    assert out[1]["cross_optimizer"] == out[1]["bi_optimizer"] == ["mu", "nu"]  # AdamW
+    assert out["adafactor"]["cross_optimizer"] == ["v_col", "v_row"]  # Adafactor, as its DistillPhase configures
+    assert out["adafactor"]["bi_optimizer"] == ["mu", "nu"]  # the other phase's default

@@ -23,17 +23,18 @@ def test_stage_two_restores_params_only(tmp_path, data_dir):
     out = tmp_path / "run"
     cfg = tmp_path / "two_stage.gin"
     cfg.write_text(f"""
+include 'gin/models/local.gin'
 include 'gin/runs/tiny_t5_nli.gin'
 run.job = @sentemb_jax.run_stages
 sentemb_jax.run_stages.stages = [@stage1/sentemb_jax.train, @stage2/sentemb_jax.train]
-stage1/sentemb_jax.train.model_dir = '{out}/stage1'
-stage1/sentemb_jax.train.task = 'commqa'
-stage1/sentemb_jax.train.num_steps = 3
-stage1/sentemb_jax.ContrastiveConfig.negative = None
-stage2/sentemb_jax.train.model_dir = '{out}/stage2'
-stage2/sentemb_jax.train.params_from = '{out}/stage1'
-stage2/sentemb_jax.train.num_steps = 2
-stage2/sentemb_jax.make_optimizer.learning_rate = 0.0
+stage1/sentemb_jax.RunConfig.model_dir = '{out}/stage1'
+stage1/sentemb_jax.DataConfig.task = 'commqa'
+stage1/sentemb_jax.RunConfig.num_steps = 3
+stage1/sentemb_jax.Contrastive.negative = None
+stage2/sentemb_jax.RunConfig.model_dir = '{out}/stage2'
+stage2/sentemb_jax.TowerConfig.params_from = '{out}/stage1'
+stage2/sentemb_jax.RunConfig.num_steps = 2
+stage2/sentemb_jax.ScheduleConfig.peak = 0.0
 """)
     rc = runner.main([f"--gin_file={cfg}", f"--gin.MODEL_PATH='{t5}'", "--gin.MODEL_DIR='unused'", f"--gin.DATA_DIR='{data_dir}'"])
     assert rc == 0
@@ -44,7 +45,7 @@ stage2/sentemb_jax.make_optimizer.learning_rate = 0.0
     assert len(a) == len(b) > 10
     for x, y in zip(a, b):  # lr 0 in stage 2: its params are exactly stage 1's
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    # A fresh optimizer: stage 2's Adafactor statistics are not stage 1's.
+    # A fresh optimizer: stage 2's AdamW moments are not stage 1's.
     o1 = [np.asarray(x) for x in jax.tree_util.tree_leaves(s1["opt_state"])]
     o2 = [np.asarray(x) for x in jax.tree_util.tree_leaves(s2["opt_state"])]
     assert any(x.shape == y.shape and not np.array_equal(x, y) for x, y in zip(o1, o2))

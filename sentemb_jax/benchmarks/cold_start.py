@@ -23,9 +23,10 @@ import jax
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling
 from sentemb_jax.child_process import run_module, what_went_wrong
 from sentemb_jax.compile_cache import cache_hits, enable_compilation_cache
-from sentemb_jax.data.files import default_data_dir, read_sts_pairs
+from sentemb_jax.data.files import read_sts_pairs
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.paths import default_data_dir
 
 STAGES = ("load_s", "first_encode_s", "warm_up_s")
 

@@ -18,11 +18,11 @@ import jax
 import optax
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.data.files import default_data_dir
 from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import register_tasks
 from sentemb_jax.hub import packaged_minilm_path
 from sentemb_jax.losses import in_batch_softmax_loss
+from sentemb_jax.paths import default_data_dir
 
 
 def main(argv=None):

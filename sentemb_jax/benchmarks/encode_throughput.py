@@ -48,10 +48,11 @@ from sentence_transformers import SentenceTransformer
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, usable_cores
 from sentemb_jax.child_process import how_it_ended
-from sentemb_jax.data.files import default_data_dir, iter_tsv, read_sts_pairs
+from sentemb_jax.data.files import iter_tsv, read_sts_pairs
 from sentemb_jax.errors import DataError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.paths import default_data_dir
 
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16", "sentemb_jax_bf16_packed")
 BASE_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers")  # every run

@@ -59,10 +59,11 @@ from safetensors.numpy import save_file
 
 from sentemb_jax.checkpoints import read_safetensors_file
 from sentemb_jax.data import storage
-from sentemb_jax.data.files import default_data_dir, iter_tsv, read_sts_pairs
+from sentemb_jax.data.files import iter_tsv, read_sts_pairs
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import CheckpointError, ConfigError, DataError, SentembError
 from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.paths import default_data_dir
 
 WEIGHTS = "model.safetensors"
 COMPACT = "compact.safetensors"

@@ -18,8 +18,8 @@ import sys
 
 import jax
 
-from sentemb_jax import validation
 from sentemb_jax.benchmarks import aot, tpu_compile, tpu_slices
+from sentemb_jax.jobs.train import bound_train
 from sentemb_jax.main import gin_file_exists
 
 GIB = 2**30
@@ -38,8 +38,9 @@ def describe_rung(rung: dict, recipe: list[str], bindings: list[str], topology: 
 
     files = [*rung["gin_files"], *recipe]
     program = aot.train_program(files, [*bindings, *rung.get("bindings", [])], _devices(topology), label=rung["name"])
-    steps = validation.bound_value("sentemb_jax.train.num_steps")
-    row = {"name": rung["name"], "architecture": _architecture(aot._query("sentemb_jax.tower_module.pooling")),
+    config, _ = bound_train()
+    steps = config.num_steps
+    row = {"name": rung["name"], "architecture": _architecture(config.model.pooling or ("mean",)),
            "params": program.params, "matmul_params": program.matmul_params,
            "decoder_params": program.decoder_params, "batch": program.info["batch"],
            "length": program.info["length"], "sides": program.info["sides"],

@@ -2,7 +2,7 @@
 
     python -m sentemb_jax.benchmarks.tpu_compile --topology v5e:8x8 --gin_file gin/st5_11b.gin
     python -m sentemb_jax.benchmarks.tpu_compile --topology v5e:2x2 --topology v4:2x2x1 \\
-        --gin_file gin/st5_base.gin --gin_file gin/st5_large.gin --gin.sentemb_jax.train.batch_size=2048
+        --gin_file gin/st5_base.gin --gin_file gin/st5_large.gin --gin.sentemb_jax.DataConfig.batch_size=2048
     python -m sentemb_jax.benchmarks.tpu_compile --search --gin_file gin/st5_3b.gin   # smallest slice + mesh
     python -m sentemb_jax.benchmarks.tpu_compile --program encode --topology v3:2x2 --gin_file gin/st5_11b.gin \\
         --batch 1024
@@ -253,14 +253,14 @@ def run_programs(configs, topologies, bindings, program_kind, batch=None, length
                     continue
                 extra = list(bindings)
                 if mesh is not None:
-                    extra += ["sentemb_jax.make_mesh.data = -1", f"sentemb_jax.make_mesh.fsdp = {mesh[0]}",
-                              f"sentemb_jax.make_mesh.model = {mesh[1]}"]
+                    extra += ["sentemb_jax.MeshConfig.data = -1", f"sentemb_jax.MeshConfig.fsdp = {mesh[0]}",
+                              f"sentemb_jax.MeshConfig.model = {mesh[1]}"]
                 kwargs = {}
                 if program_kind == "train":
                     if batch:
-                        extra.append(f"sentemb_jax.train.batch_size = {batch}")
+                        extra.append(f"sentemb_jax.DataConfig.batch_size = {batch}")
                     if length:
-                        extra.append(f"sentemb_jax.train.sequence_length = {length}")
+                        extra.append(f"sentemb_jax.DataConfig.sequence_length = {length}")
                 elif program_kind in ("encode", "encode1"):
                     kwargs = {"batch_size": batch or 1024, "length": length or 128}
                 for program in aot.build(program_kind, split_config(config), extra, devices, only_program, **kwargs):

@@ -3,7 +3,8 @@
     python -m sentemb_jax.benchmarks.train_throughput [--rounds 3] [--steps 8] [--batch_size 64]
 
 Both train all-MiniLM-L6-v2 on the same NLI entailment pairs (the first steps x batch_size of
-nli/pairs.tsv), batch 64, max length 64, AdamW lr 2e-5, temperature 0.05 (MNRL's scale 20).
+nli/pairs.tsv), batch 64, max length 64, AdamW lr 2e-5 (weight decay 0.01), temperature 0.05
+(MNRL's scale 20). Ours is the train job's step, built by the run setup (training.setup).
 Each lives in its own worker process (warmed up: every batch shape compiled / allocator warm);
 rounds alternate, one implementation at a time. Prints pairs/s of both, model-FLOPs utilisation
 against a float32 matmul measured in this run, and last `ratio_vs_sentence_transformers=<x.xx>`.
@@ -16,21 +17,20 @@ import os
 import sys
 import time
 
-import jax
-import optax
 import torch
 import transformers
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses
 
-from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.encode_throughput import run_side_by_side, serve_rounds
 from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, numpy_matmul_gflops, usable_cores
-from sentemb_jax.data.files import FileSpec, default_data_dir, read_examples
-from sentemb_jax.data.packing import pack_batch
+from sentemb_jax.data.files import FileSpec, read_examples
 from sentemb_jax.hub import packaged_minilm_path
+from sentemb_jax.methods.contrastive import Contrastive
+from sentemb_jax.paths import default_data_dir
 from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
-from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
+from sentemb_jax.training.config import DataConfig, EvalConfig, OptimizerConfig, RunConfig, ScheduleConfig, TowerConfig
+from sentemb_jax.training.setup import setup_run
 
 
 def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
@@ -60,26 +60,29 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
                 opt.step()
             return float(loss.detach())
     else:
-        enc = SentenceEncoder.from_pretrained(model_dir, max_seq_length=64)
-        enc.tokenizer.buckets = tuple(b for b in TRAIN_BUCKETS if b < 64) + (64,)
-        cfg = ContrastiveConfig(temperature=0.05)
-        optimizer = optax.adamw(2e-5)
-        step = jax.jit(lambda s, b, r: train_step(s, b, r, module=enc.module, optimizer=optimizer, cfg=cfg), donate_argnums=(0,))
+        # The train job's own step, built by the run setup: AdamW at a constant 2e-5, weight decay
+        # 0.01 and no gradient clipping, as torch.optim.AdamW's defaults on the other side.
+        config = RunConfig(model_dir="/unused", num_steps=steps, model=TowerConfig(init_from=model_dir),
+                           data=DataConfig(batch_size=batch_size, sequence_length=64, pack=pack),
+                           optimizer=OptimizerConfig(name="adamw", clip_norm=None, weight_decay=0.01),
+                           schedule=ScheduleConfig(peak=2e-5, decay="constant"), evaluation=EvalConfig(every=None))
+        train_run = setup_run(config, Contrastive(temperature=0.05), abstract=True)
+        tok = train_run.model.tokenizer
+        tok.max_length, tok.buckets = 64, tuple(b for b in TRAIN_BUCKETS if b < 64) + (64,)
 
         def features(b):  # host work of every step, timed like sentence-transformers' tokenize
-            a, p = enc.tokenizer([x[0] for x in b]), enc.tokenizer([x[1] for x in b])
-            batch = {"anchor_input_ids": a["input_ids"], "anchor_attention_mask": a["attention_mask"],
-                     "positive_input_ids": p["input_ids"], "positive_attention_mask": p["attention_mask"]}
-            return pack_batch(batch, ("anchor", "positive"), 64, enc.tokenizer.pad_id) if pack else batch
+            a, p = tok([x[0] for x in b]), tok([x[1] for x in b])
+            return train_run.device_batch({"anchor_input_ids": a["input_ids"], "anchor_attention_mask": a["attention_mask"],
+                                           "positive_input_ids": p["input_ids"], "positive_attention_mask": p["attention_mask"]})
 
-        params = initial_params(enc.params, cfg)
-        state = TrainState(step=jax.numpy.zeros((), jax.numpy.int32), params=params, opt_state=optimizer.init(params))
-        rng = jax.random.PRNGKey(0)
+        state = train_run.initial_state()
+        rng = train_run.rng()
 
         def run():
             nonlocal state
-            for b in batches:
-                state, metrics = step(state, features(b), rng)
+            with train_run.context():
+                for b in batches:
+                    state, metrics = train_run.step_fn(state, features(b), rng)
             return float(metrics["loss"])
     start = time.perf_counter()
     run()  # warm-up: the first round from cold (ours: compiles)

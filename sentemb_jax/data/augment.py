@@ -26,8 +26,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-TEXT_AUGMENTATIONS = ("none", "word_deletion", "random_crop")
-ID_AUGMENTATIONS = ("span_masking",)
+from sentemb_jax.data.kinds import FIXED, ID_AUGMENTATIONS, TEXT_AUGMENTATIONS
 
 
 def _words(text: tf.Tensor) -> tf.Tensor:
@@ -72,19 +71,6 @@ def apply_text_augmentation(name: str, text: tf.Tensor, rate: float, seed: tf.Te
     raise ValueError(f"unknown augmentation {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS} or 'column:<name>'")
 
 
-FIXED = "fixed:"
-COLUMN = "column:"
-NEIGHBOUR = "neighbour"
-
-
-def precomputed_field(view: str) -> str | None:
-    """The example field that holds a view's own text, used unchanged ('column:<name>' -> name,
-    'neighbour' -> 'neighbour'); None for a view made from the row's text."""
-    if view.startswith(COLUMN):
-        return view[len(COLUMN):]
-    return NEIGHBOUR if view == NEIGHBOUR else None
-
-
 def fixed_seed(row_id: tf.Tensor, view_index: int) -> tf.Tensor:
     """The seed of a `fixed:` view: the row and the view's index only."""
     return tf.stack([tf.cast(row_id, tf.int64), tf.constant(view_index + 1, tf.int64)])
@@ -97,16 +83,3 @@ def fixed_view_texts(texts: Sequence[str], view: str, rate: float, view_index: i
     ds = ds.map(lambda t, r: apply_text_augmentation(name, t, rate, fixed_seed(r, view_index)),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return [t.decode("utf-8") for t in np.concatenate([b.numpy() for b in ds.batch(4096)])] if len(texts) else []
-
-
-def check_view(name: str) -> str:
-    if name.startswith(COLUMN) and len(name) > len(COLUMN):
-        return name
-    if name.startswith(FIXED) and name[len(FIXED):] in TEXT_AUGMENTATIONS:
-        return name
-    if name == NEIGHBOUR:
-        return name
-    if name not in TEXT_AUGMENTATIONS + ID_AUGMENTATIONS:
-        raise ValueError(f"unknown view {name!r}; known: {TEXT_AUGMENTATIONS + ID_AUGMENTATIONS}, 'column:<name>', "
-                         f"{NEIGHBOUR!r} or 'fixed:<one of {TEXT_AUGMENTATIONS}>'")
-    return name

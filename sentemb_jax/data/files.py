@@ -27,8 +27,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from sentemb_jax.data import storage
-from sentemb_jax.errors import DataError  # noqa: F401 - re-exported
-from sentemb_jax.paths import DATA_DIR_ENV, default_data_dir, is_remote  # noqa: F401 - re-exported
+from sentemb_jax.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class FileSpec:
     text_fields: output fields that must be non-empty (rows where one is empty are skipped).
     score_field / score_range: an output field parsed as a float in this range.
     keep: source column -> allowed values (other rows are filtered out, e.g. label == "Good").
-    binding: the gin binding that chose this path, named in "missing file" errors.
+    binding: the settings that chose this path (DataConfig.data_dir + files), named in "missing file" errors.
     clean: skip (and count) rows whose text is junk (`is_junk_text`): the ensemble paper's cleaning.
     """
 
@@ -238,7 +237,7 @@ def is_junk_text(text: str) -> bool:
 
 
 def missing_file_message(spec: FileSpec) -> str:
-    via = f" (set by gin binding {spec.binding})" if spec.binding else ""
+    via = f" (from {spec.binding})" if spec.binding else ""
     return f"{spec.path}: no such file{via}"
 
 

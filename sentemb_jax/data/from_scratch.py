@@ -1,9 +1,10 @@
 """Inputs of a T5 trained from random init on this machine's data (no T5 checkpoint exists here):
 the repository's own SentencePiece vocabulary and the NLI training triples.
 
-    from_scratch_inputs(out_dir)  ->  {'TOKENIZER_DIR': out_dir/tokenizer, ...}  (gin bindings)
+    train_tokenizer(out_dir, data_dir)     # out_dir/spiece.model (+ a tokenizer directory)
+    build_nli_triples(data_dir, out_path)  # the NLI triples plus entailment pairs with a hard negative
 
-Used by `sentemb_jax.experiments.tiny_t5_from_scratch` (issue 5's learning check) and the CPU
+Used by `lab.experiments.tiny_t5_from_scratch` (the learning check from scratch) and the CPU
 scaling ladder (`gin/runs/scaling_tiny_t5.gin`). Both are made once and reused.
 """
 from __future__ import annotations
@@ -15,12 +16,9 @@ import tempfile
 import numpy as np
 import sentencepiece as spm
 
-import gin
 from sentemb_jax.data.files import FileSpec, read_examples
-from sentemb_jax.paths import default_data_dir
 
 SOURCES = (("nli/sentences.tsv", "sentence"), ("unlabelled/wiki1m_head.tsv", "sentence"))
-RUNS = {"encoder_mean": "gin/runs/tiny_t5_scratch.gin", "encdec_first": "gin/runs/tiny_t5_scratch_encdec.gin"}
 
 
 def train_tokenizer(out_dir: str, data_dir: str, vocab_size: int = 8192) -> str:
@@ -87,17 +85,3 @@ def build_nli_triples(data_dir: str, out_path: str, seed: int = 0) -> dict:
     counts = {"triples": len(triples), "added_hard_negative": hard, "added_random_negative": random, "total": len(rows)}
     print(f"training triples {out_path}: {counts}")
     return counts
-
-
-
-
-@gin.configurable(module="sentemb_jax")
-def from_scratch_inputs(out_dir: str = gin.REQUIRED, data_dir: str | None = None, vocab_size: int = 8192) -> dict:
-    """Make (once) the vocabulary and the NLI triples under `out_dir`; the gin bindings a train job
-    from scratch needs to read them: TOKENIZER_DIR and task nli_triples's file."""
-    data_dir = data_dir or default_data_dir()
-    tokenizer_dir = train_tokenizer(os.path.join(out_dir, "tokenizer"), data_dir, vocab_size)
-    triples = os.path.abspath(os.path.join(out_dir, "nli_triples_plus_pairs.tsv"))
-    build_nli_triples(data_dir, triples)
-    return {"TOKENIZER_DIR": os.path.abspath(tokenizer_dir),
-            "sentemb_jax.data.register_tasks.files": {"nli_triples": triples}}

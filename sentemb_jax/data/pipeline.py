@@ -15,14 +15,16 @@ from __future__ import annotations
 import re
 from typing import Iterator, Mapping, Sequence
 
+import jax
 import numpy as np
 import seqio
 import tensorflow as tf
 
-from sentemb_jax.data.files import DataError
 from sentemb_jax.data.prepared import PreparedSource
-from sentemb_jax.data.tasks import cut_ids, truncate_ids
-from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
+from sentemb_jax.data.tasks import cut_ids, register_tasks, truncate_ids
+from sentemb_jax.errors import DataError, TrainingError
+from sentemb_jax.paths import default_data_dir
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, TRAIN_BUCKETS, bucket_length
 
 
 def to_model_batch(batch: Mapping[str, np.ndarray], text_features: Sequence[str], pad_id: int,
@@ -60,12 +62,14 @@ class InputPipeline:
         seed: int = 0,
         split: str = "train",
         shuffle: bool = True,
-        shard_info: seqio.ShardInfo | None = None,
+        shard_info: seqio.ShardInfo | tuple[int, int] | None = None,
         num_epochs: int | None = None,
         drop_remainder: bool = True,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         same_length: bool = False,
     ):
+        if isinstance(shard_info, tuple):  # (this process's index, processes)
+            shard_info = seqio.ShardInfo(*shard_info)
         self.provider = seqio.get_mixture_or_task(task)
         self.text_features = tuple(self.provider.output_features)
         if isinstance(sequence_length, int):
@@ -220,3 +224,22 @@ def _reraise_data_errors(batches: Iterator) -> Iterator:
 def _global_batch(state: Mapping) -> int:
     shard = state.get("shard")
     return int(state.get("batch_size") or 0) * (int(shard[1]) if shard else 1)
+
+
+def register_task(data, tokenizer_dir: str) -> str:
+    """Register the tasks of a DataConfig's files (tokenised as `tokenizer_dir`'s tokenizer); the
+    registered name of its task."""
+    names = register_tasks(tokenizer_dir=tokenizer_dir, data_dir=data.data_dir or default_data_dir(), **data.task_options())
+    if data.task not in names:
+        raise TrainingError(f"DataConfig.task {data.task!r} unknown; registered: {sorted(names)}")
+    return names[data.task]
+
+
+def task_pipeline(task: str, data, fixed_padding: bool) -> InputPipeline:
+    """This process's part of each global batch of a DataConfig's task (every process_count-th row
+    of the global order); fixed_padding: every text padded to the sequence length."""
+    processes = jax.process_count()
+    return InputPipeline(task, batch_size=data.batch_size // processes, sequence_length=data.sequence_length,
+                         seed=data.seed, buckets=(data.sequence_length,) if fixed_padding else TRAIN_BUCKETS,
+                         same_length=data.same_length or fixed_padding,
+                         shard_info=(jax.process_index(), processes) if processes > 1 else None)

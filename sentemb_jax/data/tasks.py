@@ -1,6 +1,6 @@
 """seqio tasks and mixtures for every kind of training data, registered in one place.
 
-    register_tasks(tokenizer_dir=..., data_dir=...)   # gin: sentemb_jax.data.register_tasks.*
+    register_tasks(tokenizer_dir=..., data_dir=..., **DataConfig.task_options())
 
 registers (names are `sentemb_<kind>`):
 
@@ -35,8 +35,6 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-import gin
-from sentemb_jax import validation as v
 from sentemb_jax.data import augment, prepared, storage
 from sentemb_jax.data.files import (
     ConcatRowIndex,
@@ -49,24 +47,27 @@ from sentemb_jax.data.files import (
     read_rows,
     source_lines,
 )
+from sentemb_jax.data.kinds import (
+    API,
+    COLUMN,
+    DEFAULT_FILES,
+    FIXED,
+    MIXTURES,
+    NEIGHBOUR,
+    TEXT_FIELDS,
+    check_task_options,
+    file_spec,
+    precomputed_field,
+)
 from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
-from sentemb_jax.paths import is_remote
+from sentemb_jax.errors import ConfigError
+from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.preflight import require_model_dir
-from sentemb_jax.validation import ConfigError, is_under
+from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
 
 PREFIX = "sentemb_"
-
-DEFAULT_FILES: dict[str, str | dict[str, str]] = {
-    "commqa": "qa/cqa_qatarliving.jsonl",
-    "nli_triples": "nli/triples.tsv",
-    "nli_pairs": "nli/pairs.tsv",
-    "sts_pairs": {"train": "stsb/train.tsv", "validation": "stsb/dev.tsv", "test": "stsb/test.tsv"},
-    "sentences": "nli/sentences.tsv",
-}
-MIXTURES = {"qa_nli_pairs": ("commqa", "nli_pairs")}  # mixture -> the kinds it draws from
-
 
 class RowFileSource(seqio.DataSource):
     """A seqio source over validated TSV/JSONL files (one per split).
@@ -129,14 +130,14 @@ class RowFileSource(seqio.DataSource):
             signature[spec.score_field] = tf.TensorSpec((), tf.float32)
         signature["row_id"] = tf.TensorSpec((), tf.int64)
         if self._neighbour_of:
-            signature[augment.NEIGHBOUR] = tf.TensorSpec((), tf.string)
+            signature[NEIGHBOUR] = tf.TensorSpec((), tf.string)
 
         def rows():
             neighbours = read_rows(index, neighbour_positions(index, order)) if self._neighbour_of else None
             for pos, example in zip(order, read_rows(index, order)):
                 example["row_id"] = int(pos)
                 if neighbours is not None:
-                    example[augment.NEIGHBOUR] = next(neighbours)[self._neighbour_of]
+                    example[NEIGHBOUR] = next(neighbours)[self._neighbour_of]
                 yield example
 
         return tf.data.Dataset.from_generator(rows, output_signature=signature)
@@ -170,10 +171,10 @@ def make_views(dataset: tf.data.Dataset, *, text_field: str, views: Sequence[str
     def fn(ex, seeds):
         ex = dict(ex)
         for i, view in enumerate(views):
-            field = augment.precomputed_field(view)  # a text of its own, used unchanged
+            field = precomputed_field(view)  # a text of its own, used unchanged
             source = ex[field or text_field]
-            if view.startswith(augment.FIXED):
-                text = augment.apply_text_augmentation(view[len(augment.FIXED):], source, rate,
+            if view.startswith(FIXED):
+                text = augment.apply_text_augmentation(view[len(FIXED):], source, rate,
                                                        augment.fixed_seed(ex["row_id"], i))
             else:
                 text = augment.apply_text_augmentation("none" if field else view, source, rate, seeds[i])
@@ -202,13 +203,13 @@ def view_texts(task_name: str, view_index: int, sentences: Sequence[str] | None 
     drawn anew each epoch. sentences: sentence_texts(task_name), when the caller has read them already."""
     views, rate = sentence_views(task_name)
     view = views[view_index]
-    if view.startswith(augment.COLUMN):
+    if view.startswith(COLUMN):
         index = seqio.get_mixture_or_task(task_name).source.index("train")
-        return [row[augment.precomputed_field(view)] for row in read_rows(index)]
-    if view not in ("none", augment.NEIGHBOUR) and not view.startswith(augment.FIXED):
+        return [row[precomputed_field(view)] for row in read_rows(index)]
+    if view not in ("none", NEIGHBOUR) and not view.startswith(FIXED):
         return None
     sentences = sentence_texts(task_name) if sentences is None else sentences
-    if view == augment.NEIGHBOUR:
+    if view == NEIGHBOUR:
         index = seqio.get_mixture_or_task(task_name).source.index("train")
         return [sentences[p] for p in neighbour_positions(index, np.arange(len(sentences)))]
     return list(sentences) if view == "none" else augment.fixed_view_texts(sentences, view, rate, view_index)
@@ -293,18 +294,16 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
     for split, paths in by_split.items():
         built = []
         for path in [paths] if isinstance(paths, str) else list(paths):  # a list: files read as one
-            binding = f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR) + files[{kind!r}]={path!r}"
+            binding = f"DataConfig.data_dir={data_dir!r} + files[{kind!r}]={path!r}"
             if not isinstance(path, str) or not path:
-                raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: "
-                                  "must be a file path (a string; relative ones are under DATA_DIR)")
+                raise ConfigError("{where}: must be a file path (a string; relative ones are under DataConfig.data_dir)",
+                                  api=API, param="files", value=path, key=f"[{kind!r}]")
             absolute = os.path.isabs(path) or is_remote(path)
-            if not absolute:  # a relative entry stays under DATA_DIR; an absolute one (or gs://...) is the user's own
-
-                if not is_under(path, data_dir):
-                    raise ConfigError(f"gin binding sentemb_jax.data.register_tasks.files[{kind!r}] = {path!r}: a relative "
-                                      f"path must stay under DATA_DIR {os.path.normpath(data_dir)} (it resolves to "
-                                      f"{os.path.normpath(os.path.join(data_dir, path))}); give an absolute path for a "
-                                      "file elsewhere")
+            if not absolute and not is_under(path, data_dir):
+                # A relative entry stays under DATA_DIR; an absolute one (or gs://...) is the user's own.
+                raise ConfigError(f"{{where}}: a relative path must stay under DATA_DIR {os.path.normpath(data_dir)} (it "
+                                  f"resolves to {os.path.normpath(os.path.join(data_dir, path))}); give an absolute path "
+                                  "for a file elsewhere", api=API, param="files", value=path, key=f"[{kind!r}]")
             full = path if absolute else os.path.join(data_dir, path)
             prepared_manifest = prepared.manifest_path(full) if not storage.is_pattern(full) else None
             if prepared_manifest:  # a prepared corpus (data.prepare): read by PreparedSource
@@ -321,10 +320,9 @@ def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpe
 _UNSET = object()
 
 
-@gin.configurable(module="sentemb_jax.data")
 def register_tasks(
     tokenizer_dir: str | None = _UNSET,
-    data_dir: str = gin.REQUIRED,
+    data_dir: str | None = None,
     files: Mapping[str, str | Sequence[str] | Mapping[str, str | Sequence[str]]] | None = None,
     on_bad_row: str = "error",
     views: Sequence[str] = ("none", "none"),
@@ -363,28 +361,15 @@ def register_tasks(
     window_shards = shards whose rows are shuffled together, on_bad_shard = 'error' or 'skip' a
     missing / truncated shard; see data.prepared).
     """
-    sel = "sentemb_jax.data.register_tasks"
-    tokenizer_dir = _tokenizer_dir(tokenizer_dir, model_dir, sel)
-    v.require_choice(on_bad_row, ("error", "skip"), sel, "on_bad_row")
-    v.require_choice(on_bad_shard, ("error", "skip"), sel, "on_bad_shard")
-    v.require_int(window_shards, sel, "window_shards", 1)
-    v.require_number(augment_rate, sel, "augment_rate", 0, 1, high_open=True)
-    low_high = tuple(sts_score_range) if isinstance(sts_score_range, (tuple, list)) else ()
-    if len(low_high) != 2 or not all(v._is_real(x) and x == x and abs(x) != float("inf") for x in low_high) \
-            or not low_high[0] < low_high[1]:
-        v.fail(sts_score_range, sel, "sts_score_range", "must be (low, high), two finite numbers with low < high")
+    data_dir = data_dir or default_data_dir()
+    tokenizer_dir = _tokenizer_dir(tokenizer_dir, model_dir)
+    check_task_options(files=files, on_bad_row=on_bad_row, on_bad_shard=on_bad_shard, window_shards=window_shards,
+                       augment_rate=augment_rate, sts_score_range=sts_score_range, views=views)
     files = dict(files or {})
-    unknown = sorted(set(files) - set(DEFAULT_FILES))
-    if unknown:
-        raise ValueError(f"register_tasks.files: unknown kind(s) {unknown}; known: {sorted(DEFAULT_FILES)}")
-    views = tuple(augment.check_view(v) for v in views)
-    if len(views) != 2:
-        raise ValueError(f"register_tasks.views: need exactly two views, got {views}")
+    views = tuple(views)
     options = dict(commqa_labels=commqa_labels, nli_pair_labels=nli_pair_labels, sts_score_range=sts_score_range,
                    sentence_column=sentence_column, view_columns=view_columns, clean=clean)
     builders = {kind: functools.partial(file_spec, kind, **options) for kind in DEFAULT_FILES}
-    text_fields = {"commqa": ("anchor", "positive"), "nli_triples": ("anchor", "positive", "negative"),
-                   "nli_pairs": ("anchor", "positive"), "sts_pairs": ("sentence1", "sentence2"), "sentences": ("view1", "view2")}
     specs_of = {kind: _specs(kind, data_dir, files, builders[kind]) for kind in kinds}
     _check_required(specs_of, data_dir, tuple(kinds) if require is True else tuple(require or ()))
     if tokenizer_dir is None:
@@ -392,7 +377,7 @@ def register_tasks(
         names.update({m: PREFIX + m for m, parts in MIXTURES.items() if set(parts) <= set(kinds)})
         return names
     if not os.path.isdir(tokenizer_dir):
-        require_model_dir(tokenizer_dir, sel, "tokenizer_dir")
+        require_model_dir(tokenizer_dir, "sentemb_jax.TowerConfig", "tokenizer_dir")
     tokenizer = tokenizer_spec_for(tokenizer_dir)
     names = {}
     for kind in kinds:
@@ -405,7 +390,7 @@ def register_tasks(
                 post = [functools.partial(mask_spans, views=views, rate=augment_rate, tokenizer=tokenizer,
                                           mask_id=_mask_id(tokenizer))]
         tokenized = isinstance(source, prepared.PreparedSource) and _check_tokenized(source, kind, tokenizer_dir)
-        name = _register(PREFIX + kind, source, text_fields[kind], tokenizer, pre, post, tokenized)
+        name = _register(PREFIX + kind, source, TEXT_FIELDS[kind], tokenizer, pre, post, tokenized)
         names[kind] = name
     for kind, parts in MIXTURES.items():
         if set(parts) <= set(names):
@@ -417,35 +402,13 @@ def register_tasks(
     return names
 
 
-def file_spec(kind: str, path: str, binding: str | None = None, *, commqa_labels: Sequence[str] = ("Good",),
-              nli_pair_labels: Sequence[str] = ("entailment",), sts_score_range: tuple[float, float] = (0.0, 5.0),
-              sentence_column: str = "sentence", view_columns: Sequence[str] = (), clean: bool = False) -> FileSpec:
-    """What a file of `kind` must hold and how its columns become the task's features (the
-    validated-file path and the preparation command read files of a kind by the same rules)."""
-    if kind == "commqa":
-        return FileSpec(path, {"anchor": ("question_title", "question_body"), "positive": "answer"},
-                        keep={"label": tuple(commqa_labels)}, binding=binding)
-    if kind == "nli_triples":
-        return FileSpec(path, {"anchor": "anchor", "positive": "positive", "negative": "negative"}, binding=binding)
-    if kind == "nli_pairs":
-        return FileSpec(path, {"anchor": "sentence1", "positive": "sentence2"}, keep={"label": tuple(nli_pair_labels)},
-                        binding=binding)
-    if kind == "sts_pairs":
-        return FileSpec(path, {"sentence1": "sentence1", "sentence2": "sentence2", "score": "score"},
-                        score_field="score", score_range=tuple(sts_score_range), binding=binding)
-    if kind == "sentences":
-        return FileSpec(path, {"text": sentence_column, **{c: c for c in view_columns}},
-                        text_fields=("text", *view_columns), binding=binding, clean=clean)
-    raise ValueError(f"unknown kind {kind!r}; known: {sorted(DEFAULT_FILES)}")
-
-
 def _source(kind: str, specs: Mapping, on_bad_row: str, views: Sequence[str], window_shards: int,
             on_bad_shard: str) -> seqio.DataSource:
     """RowFileSource over validated files, or PreparedSource when every split is a prepared corpus."""
     parts = [p for spec in specs.values() for p in (spec if isinstance(spec, tuple) else (spec,))]
     is_prepared = [p.path.endswith(prepared.MANIFEST) for p in parts]
     if not any(is_prepared):
-        return RowFileSource(specs, on_bad_row, neighbour_of="text" if kind == "sentences" and augment.NEIGHBOUR in views else None)
+        return RowFileSource(specs, on_bad_row, neighbour_of="text" if kind == "sentences" and NEIGHBOUR in views else None)
     if not all(is_prepared) or len(parts) != len(specs) or kind == "sentences":
         raise ConfigError(f"sentemb_jax.data.register_tasks.files[{kind!r}]: a prepared corpus (manifest.json) must be "
                           "the split's only entry, every split of the kind prepared"
@@ -483,8 +446,8 @@ def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequen
     if not missing:
         return
     if not os.path.isdir(data_dir) and any(part.path.startswith(os.path.join(data_dir, "")) for part in missing):
-        raise DataError(f"{data_dir}: no such data directory (set by gin binding "
-                        f"sentemb_jax.data.register_tasks.data_dir={data_dir!r} (DATA_DIR))")
+        raise DataError(f"{data_dir}: no such data directory ({{where}})", api=API, param="data_dir", value=data_dir,
+                        source=True)
     raise DataError("; ".join(missing_file_message(part) for part in missing))
 
 
@@ -519,23 +482,29 @@ TFDS_TASKS = {
 }
 
 
-def _tokenizer_dir(tokenizer_dir, model_dir, sel: str) -> str | None:
-    """tokenizer_dir, or the same value given by its old name `model_dir` (gin keys users wrote)."""
+def _tokenizer_dir(tokenizer_dir, model_dir) -> str | None:
+    """tokenizer_dir, or the same value given by its old name `model_dir` (keys users wrote)."""
     if tokenizer_dir is not _UNSET and model_dir is not _UNSET and tokenizer_dir != model_dir:
-        raise ConfigError(f"{sel}: tokenizer_dir={tokenizer_dir!r} and model_dir={model_dir!r} (its old name) differ; "
-                          "bind tokenizer_dir only")
+        raise ConfigError(f"register_tasks: tokenizer_dir={tokenizer_dir!r} and model_dir={model_dir!r} (its old name) "
+                          "differ; give tokenizer_dir only")
     value = tokenizer_dir if tokenizer_dir is not _UNSET else model_dir
     if value is _UNSET:
-        raise ConfigError(f"{sel}: tokenizer_dir is required (the model directory whose tokenizer the tasks use)")
+        raise ConfigError("register_tasks: tokenizer_dir is required (the model directory whose tokenizer the tasks use)")
     return value
 
 
-@gin.configurable(module="sentemb_jax.data")
+def task_files(task_name: str) -> list[str]:
+    """The data files a (file-backed) task or mixture reads for training; TFDS tasks have none here."""
+    provider = seqio.get_mixture_or_task(task_name)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    return [path for t in tasks if isinstance(t.source, RowFileSource) for path in t.source.list_shards("train")]
+
+
 def register_tfds_tasks(tokenizer_dir: str | None = _UNSET, tfds_data_dir: str | None = None,
                         kinds: Sequence[str] = tuple(TFDS_TASKS), model_dir: str | None = _UNSET) -> dict[str, str]:
     """Tasks over prepared TFDS datasets (entailment pairs, STS-B pairs + score, QQP duplicates);
     tokenizer_dir as for register_tasks (`model_dir` still accepted)."""
-    tokenizer = tokenizer_spec_for(_tokenizer_dir(tokenizer_dir, model_dir, "sentemb_jax.data.register_tfds_tasks"))
+    tokenizer = tokenizer_spec_for(_tokenizer_dir(tokenizer_dir, model_dir))
     names = {}
     for kind in kinds:
         tfds_name, mapping = TFDS_TASKS[kind]

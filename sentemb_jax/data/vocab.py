@@ -19,7 +19,7 @@ import seqio
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from sentemb_jax.errors import VocabularyError  # noqa: F401 - re-exported
+from sentemb_jax.errors import VocabularyError
 
 # ------------------------------------------------------------------------------------------------
 # Hugging Face's BERT tokenizer (the Rust `tokenizers` BertNormalizer, BertPreTokenizer and WordPiece

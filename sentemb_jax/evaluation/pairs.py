@@ -17,9 +17,10 @@ import warnings
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from sentemb_jax.errors import UndefinedScoreError
 from sentemb_jax.evaluation.encoding import is_cross_encoder, predict_pairs
 from sentemb_jax.evaluation.readers import read_labelled_pairs
-from sentemb_jax.evaluation.sts import MissingDataWarning, UndefinedScoreError, cosine_scores
+from sentemb_jax.evaluation.sts import MissingDataWarning, cosine_scores
 
 QNLI_DEV_ROWS = 1000
 

@@ -16,9 +16,11 @@ from typing import Mapping
 
 import numpy as np
 
-from sentemb_jax.data.files import DataError, iter_tsv
+from sentemb_jax.data.files import iter_tsv
 
 # Binary pair labels: MRPC/QQP use 1/0; GLUE QNLI's text labels map entailment -> 1 (Trans-Encoder).
+from sentemb_jax.errors import DataError
+
 BINARY_PAIR_LABELS = {"1": 1, "0": 0, "entailment": 1, "not_entailment": 0}
 SICK_E_LABELS = {"ENTAILMENT": 0, "NEUTRAL": 1, "CONTRADICTION": 2}
 

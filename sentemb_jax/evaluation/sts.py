@@ -24,7 +24,7 @@ import numpy as np
 from scipy import stats
 
 from sentemb_jax.data.files import read_sts_pairs
-from sentemb_jax.errors import UndefinedScoreError  # noqa: F401 - re-exported
+from sentemb_jax.errors import UndefinedScoreError
 from sentemb_jax.evaluation.encoding import EmbeddingCache, encode_sentences
 from sentemb_jax.pooling import l2_normalize_host
 

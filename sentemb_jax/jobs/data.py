@@ -2,22 +2,25 @@
 from __future__ import annotations
 
 import gin
-from sentemb_jax import validation
+from sentemb_jax import preflight
 from sentemb_jax.data import tasks as data_tasks
 from sentemb_jax.data.pipeline import InputPipeline
+from sentemb_jax.paths import default_data_dir
+from sentemb_jax.training.config import DataConfig
 
 
 @gin.configurable(module="sentemb_jax")
-def data_summary(batch_size: int = 64, sequence_length: int = 128, seed: int = 0) -> dict:
-    """Register the tasks (gin: sentemb_jax.data.register_tasks.*), validate each file, show a batch.
-    Every task is this job's: a missing file of any (all named at once) stops it before any is read."""
-    validation.check_batch_size(batch_size, "sentemb_jax.data_summary")
-    validation.require_int(sequence_length, "sentemb_jax.data_summary", "sequence_length", 2)
-    validation.check_seed(seed, "sentemb_jax.data_summary")
-    names = data_tasks.register_tasks(require=True)
+def data_summary(tokenizer_dir: str = gin.REQUIRED, data: DataConfig = gin.REQUIRED) -> dict:
+    """Register the tasks of `data`'s files (sentemb_jax.DataConfig.*) with the tokenizer of
+    `tokenizer_dir`, validate each file, show a batch of each (DataConfig's batch size, length,
+    seed). Every task is this job's: a missing file of any (all named at once) stops it before any
+    is read."""
+    preflight.require_model_dir(tokenizer_dir, "sentemb_jax.data_summary", "tokenizer_dir")
+    names = data_tasks.register_tasks(tokenizer_dir=tokenizer_dir, data_dir=data.data_dir or default_data_dir(),
+                                      require=True, **data.task_options())
     summary = {}
     for kind, name in names.items():
-        pipe = InputPipeline(name, batch_size=batch_size, sequence_length=sequence_length, seed=seed)
+        pipe = InputPipeline(name, batch_size=data.batch_size, sequence_length=data.sequence_length, seed=data.seed)
         batch = next(iter(pipe))
         shapes = {k: list(v.shape) for k, v in batch.items()}
         provider = pipe.provider

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -22,30 +22,39 @@ from sentemb_jax.evaluation import plots
 from sentemb_jax.evaluation.report import sts_rows_table
 from sentemb_jax.evaluation.sts import STS_TASKS, TASK_LABELS, StsbEvaluator
 from sentemb_jax.jobs.evaluate import check_inputs, sts_inputs, sts_scores
+from sentemb_jax.jobs.train import made
 from sentemb_jax.methods.ensemble import STUDENT_INITS, WEIGHTINGS, EnsembleEncoder, average_submodels, ensemble_weights
+from sentemb_jax.methods.queue_distill import EnsembleStudent
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.run_dir import METRICS_JSONL, write_results
+from sentemb_jax.training.checks import check_inputs as check_train_inputs
+from sentemb_jax.training.config import RunConfig
+from sentemb_jax.training.method import Method
+from sentemb_jax.training.trainer import train
 
 log = logging.getLogger(__name__)
 
 
 @gin.configurable(module="sentemb_jax")
-def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, student_layers: int = 3,
-                   data_dir: str | None = None, train=gin.REQUIRED, sickr_test_path: str | None = None) -> dict:
+def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, config: RunConfig = gin.REQUIRED,
+                   method: Method = gin.REQUIRED, student_layers: int = 3, data_dir: str | None = None,
+                   sickr_test_path: str | None = None) -> dict:
     """Score the teacher and the student before training (its first `student_layers` layers) on the
-    STS table, run `train` (a configured sentemb_jax.train, e.g. ConGen), score the best student by
-    STS-B dev; print the three rows; write model_dir/{student (the model), results.md,
-    sts_teacher_student.png, stsb_dev_curve.png}. Scores of a finished part are reused on a rerun."""
+    STS table, train the student (`config` with `method`, e.g. ConGen; its MODEL_DIR is
+    `model_dir`), score the best student by STS-B dev; print the three rows; write
+    model_dir/{student (the model), results.md, sts_teacher_student.png, stsb_dev_curve.png}.
+    Scores of a finished part are reused on a rerun."""
     validation.require_int(student_layers, "sentemb_jax.distill_report", "student_layers", 1)
     data_dir = data_dir or default_data_dir()
     student_dir = os.path.join(model_dir, "student")
     # Before any work: the teacher, DATA_DIR, a SICK-R test file given by path, some STS task to
-    # score, and what `train` reads (its start model, its task's files, STS-B dev).
+    # score, and what the training reads (its start model, its task's files, STS-B dev).
     preflight.require_model_dir(teacher, "sentemb_jax.distill_report", "teacher")
     check_inputs("distill_report", None, data_dir, sickr_test_path=sickr_test_path)
     preflight.require_some_task("distill_report (STS table)", data_dir, *sts_inputs(data_dir, sickr_test_path),
                                 "sentemb_jax.distill_report")
-    train(export_dir=student_dir, check_only=True)
+    config, method = config.replace(model_dir=model_dir), made(method, Method)
+    check_train_inputs(config, method)
 
     def scored(name: str, make) -> dict:
         label = {"teacher": teacher, "student_before": f"{teacher} (first {student_layers} layers)",
@@ -55,7 +64,7 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
     teacher_encoder = SentenceEncoder.from_pretrained(teacher)
     rows = {"teacher": scored("teacher", lambda: teacher_encoder),
             "student before": scored("student_before", lambda: teacher_encoder.first_layers(student_layers))}
-    result = train(export_dir=student_dir)
+    result = train(config, method, export_dir=student_dir)
     rows["student after"] = scored("student_after", lambda: SentenceEncoder.from_pretrained(student_dir))
     labels = {**TASK_LABELS, "avg": "Avg"}
     table = sts_rows_table(rows)
@@ -78,17 +87,20 @@ def distill_report(model_dir: str = gin.REQUIRED, teacher: str = gin.REQUIRED, s
 
 
 @gin.configurable(module="sentemb_jax")
-def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable] = gin.REQUIRED,
-                     student: Callable = gin.REQUIRED, distill=gin.REQUIRED, weighting: str = "softmax",
+def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[RunConfig] = gin.REQUIRED,
+                     submodel_methods: Sequence[Method] = gin.REQUIRED, student: RunConfig = gin.REQUIRED,
+                     method: EnsembleStudent = gin.REQUIRED, weighting: str = "softmax",
                      weight_temperature: float = 1.0, data_dir: str | None = None, student_layers: int | None = None,
                      teacher: str | None = None, student_init: str = "start") -> dict:
-    """Train the submodels (each a gin-scoped `train`), weight them by STS-B dev, score the
-    ensemble, distil it into `student` (a gin-scoped `train`, given `distill` with the ensemble as
-    teacher), then score everything on the STS table: MODEL_DIR/results.md.
+    """Train the submodels (each a RunConfig, with its method), weight them by STS-B dev,
+    score the ensemble, distil it into `student` (a RunConfig trained with `method`, an
+    EnsembleStudent whose teacher is the ensemble), then score everything on the STS table:
+    MODEL_DIR/results.md.
 
-    submodels: e.g. [@sub1/sentemb_jax.train, @sub2/sentemb_jax.train]; each writes
-      MODEL_DIR/sub<k> and exports its best tower by STS-B dev to MODEL_DIR/sub<k>/model.
-    distill: a QueueDistillConfig (method 'ensemble'); its teacher / teacher_weights are set here.
+    submodels: e.g. [@sub1/sentemb_jax.RunConfig(), @sub2/sentemb_jax.RunConfig()] (each gin scope
+      its own views and seed); each trains in MODEL_DIR/sub<k> and exports its best tower by STS-B
+      dev to MODEL_DIR/sub<k>/model. The student trains in MODEL_DIR/student.
+    submodel_methods: one method per submodel (e.g. [@sub1/sentemb_jax.SimCSE(), ...]).
     teacher / student_layers: the model the submodels and the student start from, and how many of
       its layers they keep (for the "student before" row).
     student_init: 'start' - the student starts where its gin scope says (the submodels' start, as
@@ -104,14 +116,19 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     validation.require_number(weight_temperature, sel, "weight_temperature", 0, low_open=True)
     validation.require_int(student_layers, sel, "student_layers", 1, allow_none=True, none_means=" (every layer)")
     data_dir = data_dir or default_data_dir()
-    _check_inputs(model_dir, submodels, student, distill, data_dir, teacher)
+    submodels = [config.replace(model_dir=os.path.join(model_dir, f"sub{k}")) for k, config in enumerate(submodels, start=1)]
+    submodel_methods, method = [made(m, Method) for m in submodel_methods], made(method, EnsembleStudent)
+    student = student.replace(model_dir=os.path.join(model_dir, "student"))
+    if len(submodel_methods) != len(submodels):
+        validation.fail(submodel_methods, sel, "submodel_methods", f"must hold one method per submodel ({len(submodels)})")
+    _check_inputs(model_dir, submodels, submodel_methods, student, method, data_dir, teacher)
     os.makedirs(model_dir, exist_ok=True)
     paths, dev = [], []
-    for k, train_submodel in enumerate(submodels, start=1):
-        run = os.path.join(model_dir, f"sub{k}")
-        out = train_submodel(model_dir=run, export_dir=os.path.join(run, "model"))
+    for k, (config, submodel_method) in enumerate(zip(submodels, submodel_methods), start=1):
+        run = config.model_dir
+        out = train(config, submodel_method, export_dir=os.path.join(run, "model"))
         if not out.get("best"):
-            raise ValueError(f"submodel {k}: no STS-B dev score (set train.eval_every in its scope): it cannot be weighted")
+            raise ValueError(f"submodel {k}: no STS-B dev score (set EvalConfig.every in its scope): it cannot be weighted")
         paths.append(os.path.join(run, "model"))
         dev.append(float(out["best"]["stsb_dev_spearman"]))
     weights = ensemble_weights(dev, weighting, weight_temperature)
@@ -128,8 +145,8 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     log.info("ensemble STS-B dev %.2f (submodels %s)", ensemble_dev, np.round(dev, 2).tolist())
     rows["ensemble"] = sts_scores(f"ensemble of {paths} weights {np.round(weights, 6).tolist()}",
                                   os.path.join(model_dir, "eval_ensemble"), data_dir, lambda: ensemble)
-    cfg = dataclasses.replace(distill, teacher=tuple(paths), teacher_weights=tuple(float(w) for w in weights))
-    student_dir = os.path.join(model_dir, "student")
+    student_method = dataclasses.replace(method, teacher=tuple(paths), teacher_weights=tuple(float(w) for w in weights))
+    student_dir = student.model_dir
     init = {}
     if student_init == "best_submodel":  # already the student's size: no layers to drop
         init = {"init_from": paths[int(np.argmax(dev))], "init_layers": None}
@@ -137,7 +154,9 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     elif student_init == "submodel_average":
         init = {"init_from": average_submodels(paths, os.path.join(model_dir, "submodel_average")), "init_layers": None}
         log.info("student starts from the average of the submodels' parameters, %s", init["init_from"])
-    out = student(model_dir=student_dir, distill=cfg, export_dir=os.path.join(student_dir, "model"), **init)
+    if init:
+        student = student.replace(model=dataclasses.replace(student.model, **init))
+    out = train(student, student_method, export_dir=os.path.join(student_dir, "model"))
     student_dev = float(out["best"]["stsb_dev_spearman"]) if out.get("best") else None
     rows["distilled student"] = sts_scores(os.path.join(student_dir, "model"), os.path.join(student_dir, "eval"), data_dir)
     table = sts_rows_table(rows)
@@ -151,21 +170,22 @@ def ensemble_distill(model_dir: str = gin.REQUIRED, submodels: Sequence[Callable
     return summary
 
 
-def _check_inputs(model_dir: str, submodels: Sequence[Callable], student: Callable, distill, data_dir: str,
-                  teacher: str | None) -> None:
+def _check_inputs(model_dir: str, submodels: Sequence[RunConfig], submodel_methods: Sequence[Method], student: RunConfig,
+                  method: Method, data_dir: str, teacher: str | None) -> None:
     """Before any work: the start model, DATA_DIR, STS-B dev (weights) and some STS task (the
-    tables), and what each submodel's and the student's `train` reads (in its own gin scope)."""
+    tables), and what each submodel's and the student's training reads."""
     job = "sentemb_jax.ensemble_distill"
     if teacher:
         preflight.require_model_dir(teacher, job, "teacher")
     preflight.require_dir(data_dir, job, "data_dir")
     dev = os.path.join(data_dir, "stsb", "dev.tsv")
     if not os.path.isfile(dev):
-        raise DataError(f"{dev}: no such file (STS-B dev weights the submodels; data_dir {preflight.source(job, 'data_dir')})")
+        raise DataError(f"{dev}: no such file (STS-B dev weights the submodels; data_dir ({{where}}))",
+                        api=job, param="data_dir", value=data_dir, source=True)
     preflight.require_some_task("ensemble_distill (STS table)", data_dir, *sts_inputs(data_dir, None), job)
-    for k, train_submodel in enumerate(submodels, start=1):
-        train_submodel(model_dir=os.path.join(model_dir, f"sub{k}"), check_only=True)
-    student(model_dir=os.path.join(model_dir, "student"), distill=distill, check_only=True)
+    for config, submodel_method in zip(submodels, submodel_methods):
+        check_train_inputs(config, submodel_method)
+    check_train_inputs(student, method)
 
 
 def _start_model(teacher: str, layers: int | None):

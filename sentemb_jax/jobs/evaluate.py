@@ -280,7 +280,8 @@ def evaluate_stsb(model_path: str = gin.REQUIRED, data_dir: str = gin.REQUIRED, 
     preflight.require_dir(data_dir, job, "data_dir")
     path = os.path.join(data_dir, "stsb", f"{split}.tsv")
     if not os.path.isfile(path):
-        raise DataError(f"{path}: no such file (STS-B split {split!r}; data_dir {preflight.source(job, 'data_dir')})")
+        raise DataError(f"{path}: no such file (STS-B split {split!r}; data_dir {{where}})", api=job, param="data_dir",
+                        value=data_dir, source=True)
     # An empty split or one gold score for every pair has no correlation: said before the model loads.
     check_scorable(read_sts_pairs(path, score_range=(0.0, 5.0))[2], f"STS-B {split} ({path})")
     start = time.time()

@@ -43,6 +43,7 @@ import time
 import gin
 from sentemb_jax import preflight, validation
 from sentemb_jax.child_process import run_module
+from sentemb_jax.data import from_scratch
 from sentemb_jax.errors import ConfigError, SentembError, TrainingError
 from sentemb_jax.evaluation import plots
 from sentemb_jax.evaluation.report import markdown_table
@@ -113,6 +114,17 @@ def parse_rungs(rungs) -> list[Rung]:
 
 
 @gin.configurable(module="sentemb_jax")
+def from_scratch_inputs(out_dir: str = gin.REQUIRED, data_dir: str | None = None, vocab_size: int = 8192) -> dict:
+    """A ladder's `prepare` for towers from scratch: the vocabulary and the NLI triples made (once)
+    under `out_dir` (data.from_scratch), and the gin bindings each rung then reads them with."""
+    data_dir = data_dir or default_data_dir()
+    tokenizer_dir = from_scratch.train_tokenizer(os.path.join(out_dir, "tokenizer"), data_dir, vocab_size)
+    triples = os.path.abspath(os.path.join(out_dir, "nli_triples_plus_pairs.tsv"))
+    from_scratch.build_nli_triples(data_dir, triples)
+    return {"TOKENIZER_DIR": os.path.abspath(tokenizer_dir), "sentemb_jax.DataConfig.files": {"nli_triples": triples}}
+
+
+@gin.configurable(module="sentemb_jax")
 def scaling_study(model_dir: str = gin.REQUIRED, rungs=gin.REQUIRED, recipe=gin.REQUIRED, bindings=(),
                   macros: dict | None = None, prepare=None, data_dir: str | None = None, compiler_topology: str | None = None,
                   transfer_tasks=None, title: str = "scaling study") -> dict:
@@ -140,7 +152,7 @@ def scaling_study(model_dir: str = gin.REQUIRED, rungs=gin.REQUIRED, recipe=gin.
         if rung.init_from:
             preflight.require_model_dir(rung.init_from, SELECTOR, f"rungs[{rung.name}].init_from")
     described = check_rungs(ladder, recipe, bindings, compiler_topology)
-    write_gin_config(model_dir, gin.config_str())  # as t5x, at the start; only once every rung passed its check
+    write_gin_config(model_dir, gin.config_str(), gin.markdown(gin.config_str()))  # as t5x, at the start; only once every rung passed its check
     given = {**(macros or {}), **(prepare() if prepare else {})}
     extra = [f"{key} = {value!r}" for key, value in given.items()]
     common = [*bindings, *extra, f"DATA_DIR = {data_dir!r}"]
@@ -225,7 +237,7 @@ def run_rung(rung: Rung, described: dict, model_dir: str, recipe: list[str], com
     kept = os.path.join(rung_dir, "model")
     own = [f"MODEL_DIR = {rung_dir!r}", f"sentemb_jax.train.export_dir = {kept!r}"]
     if rung.init_from:
-        own.append(f"sentemb_jax.train.init_from = {rung.init_from!r}")
+        own.append(f"sentemb_jax.TowerConfig.init_from = {rung.init_from!r}")
     wall = _train_process(rung, [*rung.gin_files, *recipe], [*common, *rung.bindings, *own], rung_dir)
     history = _read_metrics(rung_dir)
     last = history[-1]

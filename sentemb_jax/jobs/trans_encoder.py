@@ -19,22 +19,21 @@ import jax
 import numpy as np
 
 import gin
-from sentemb_jax import preflight
+from sentemb_jax import partitioning, preflight
 from sentemb_jax import validation as v
 from sentemb_jax.cross_encoder import CrossEncoder
-from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.encoder import SentenceEncoder
+from sentemb_jax.errors import ConfigError
 from sentemb_jax.evaluation.pairs import AveragedPairScores
 from sentemb_jax.evaluation.sts import cosine_scores
 from sentemb_jax.methods.trans_encoder import (
     SCHEDULES,
+    BiEncoderPhase,
+    CrossEncoderPhase,
     DistillPhase,
     EvalSet,
-    _check_phase,
-    bi_step,
     bi_to_cross_defaults,
     cross_encoder_scores,
-    cross_step,
     cross_to_bi_defaults,
     fit_phase,
     mutual_labels,
@@ -45,6 +44,7 @@ from sentemb_jax.methods.trans_encoder import (
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.run_dir import write_results
 from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.training.config import MeshConfig
 
 log = logging.getLogger(__name__)
 JOB = "sentemb_jax.trans_encoder"
@@ -67,6 +67,7 @@ def trans_encoder(
     checkpoint_every: int = 200,
     seed: int = 0,
     data_dir: str | None = None,
+    mesh: MeshConfig = MeshConfig(),
 ) -> dict:
     """Trans-Encoder self-distillation (one model) or mutual distillation (several, `mutual`).
 
@@ -81,6 +82,8 @@ def trans_encoder(
       scores), the latest ones under {bi_last,cross_last}. report: sets scored after each
       phase (e.g. STS-B test), written with everything else to model_dir/results.json.
     data_dir: relative paths in pair_files / dev / report are under it (default: the shared data).
+    mesh: the device mesh every phase's step runs on (each phase is a run of the run setup:
+      sharded step, the phase's optimizer and schedule).
     A rerun with the same model_dir resumes: finished phases come back from their checkpoints.
     """
     if schedule not in SCHEDULES:
@@ -92,15 +95,14 @@ def trans_encoder(
     v.require_int(cycles, JOB, "cycles", 1)
     v.require_int(checkpoint_every, JOB, "checkpoint_every", 1)
     v.check_seed(seed, JOB)
-    for param, ph in (("bi_to_cross", bi_to_cross), ("cross_to_bi", cross_to_bi)):
-        _check_phase(ph, param)
     data_dir = data_dir or default_data_dir()
     pair_files = [_under(p, "pair_files", data_dir) for p in pair_files]
     dev = dataclasses.replace(dev, path=_under(dev.path, "dev", data_dir))
     report = [dataclasses.replace(ev, path=_under(ev.path, "report", data_dir)) for ev in report]
     _check_inputs(data_dir, bi_encoders, cross_encoders, pair_files, dev, report)
+    partitioning.make_mesh(*mesh.shape)  # a mesh the devices cannot hold: refused before any work
     run = _Run(model_dir, read_unlabelled_pairs(pair_files), dev, report, schedule, mutual, bi_to_cross, cross_to_bi,
-               checkpoint_every, seed)
+               checkpoint_every, seed, mesh)
     os.makedirs(model_dir, exist_ok=True)
     run.start_models(bi_encoders, cross_encoders, cross_pooling)
     for cycle in range(1, cycles + 1):
@@ -124,9 +126,9 @@ def trans_encoder(
 def _under(path: str, what: str, data_dir: str) -> str:
     """Absolute paths stay as they are; relative ones must stay under data_dir."""
     if isinstance(path, str) and not os.path.isabs(path) and not v.is_under(path, data_dir):
-        raise v.ConfigError(f"gin binding {JOB}.{what} = {path!r}: a relative path must stay under data_dir "
-                            f"{os.path.normpath(data_dir)} (it resolves to {os.path.normpath(os.path.join(data_dir, path))}); "
-                            "give an absolute path for a file elsewhere")
+        raise ConfigError(f"{{where}}: a relative path must stay under data_dir {os.path.normpath(data_dir)} (it "
+                          f"resolves to {os.path.normpath(os.path.join(data_dir, path))}); give an absolute path for a "
+                          "file elsewhere", api=JOB, param=what, value=path)
     return os.path.join(data_dir, path)
 
 
@@ -147,10 +149,11 @@ class _Run:
     """One Trans-Encoder run: the models, their start weights, the best kept so far, results.json."""
 
     def __init__(self, model_dir: str, pairs, dev: EvalSet, report, schedule: str, mutual: bool,
-                 bi_to_cross_phase: DistillPhase, cross_to_bi_phase: DistillPhase, checkpoint_every: int, seed: int):
+                 bi_to_cross_phase: DistillPhase, cross_to_bi_phase: DistillPhase, checkpoint_every: int, seed: int,
+                 mesh: MeshConfig):
         self.model_dir, self.dev, self.report, self.schedule, self.mutual = model_dir, dev, report, schedule, mutual
         self.phases = {"bi_to_cross": bi_to_cross_phase, "cross_to_bi": cross_to_bi_phase}
-        self.checkpoint_every, self.seed = checkpoint_every, seed
+        self.checkpoint_every, self.seed, self.mesh = checkpoint_every, seed, mesh
         self.pairs = pairs
         self.swapped = [(b, a) for a, b in pairs]
         self.s1, self.s2 = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -206,7 +209,7 @@ class _Run:
             if self.schedule == "sequential":  # the bi-encoder that just made the labels, under the latest head
                 init = {"backbone": self.bis[i].params["backbone"], "head": cross.params["head"]}
             cross.params, info = self._run_phase(
-                cross, i, "cross", cycle, "bi_to_cross", init, functools.partial(cross_step, module=cross.module),
+                cross, i, "cross", cycle, "bi_to_cross", init, CrossEncoderPhase(loss=phase.loss),
                 cross.packed_features, self.pairs + self.swapped, np.concatenate([labels[i], labels[i]]), 1000 * cycle + i)
             record["models"].append({"cross": {**self.scores(cross, info["history"][-1]["dev"]), "epochs": info["history"]}})
 
@@ -221,20 +224,21 @@ class _Run:
             # Training truncates at the phase's max length; evaluation keeps the model's own.
             tok = Tokenizer(bi.tokenizer.hf, phase.max_length, lowercase=bi.tokenizer.lowercase)
             bi.params, info = self._run_phase(
-                bi, i, "bi", cycle, "cross_to_bi", init, functools.partial(bi_step, module=bi.module),
-                functools.partial(_packed_pair_features, tok=tok), self.pairs, labels[i], 1000 * cycle + 500 + i)
+                bi, i, "bi", cycle, "cross_to_bi", init, BiEncoderPhase(loss=phase.loss),
+                functools.partial(_pair_features, tok=tok), self.pairs, labels[i], 1000 * cycle + 500 + i)
             record["models"][i]["bi"] = {**self.scores(bi, info["history"][-1]["dev"]), "epochs": info["history"]}
 
-    def _run_phase(self, model, i: int, kind: str, cycle: int, direction: str, init, step_fn, features, examples, labels,
-             seed_offset: int):
-        """One phase of model i's `kind` encoder; its best by dev is kept in model_<i>/<kind>_best,
-        its last in model_<i>/<kind>_last."""
+    def _run_phase(self, model, i: int, kind: str, cycle: int, direction: str, init, method, features, examples, labels,
+                   seed_offset: int):
+        """One phase of model i's `kind` encoder, starting from `init`; its best by dev is kept in
+        model_<i>/<kind>_best, its last in model_<i>/<kind>_last."""
         arrow = {"bi_to_cross": "bi->cross", "cross_to_bi": "cross->bi"}[direction]
         name = f"model {i} cycle {cycle} {arrow}"
         out = os.path.join(self.model_dir, f"model_{i}", f"cycle_{cycle}", direction)
-        params, info = fit_phase(name, out, init, step_fn, features, examples, labels, self.phases[direction],
+        model.params = init
+        params, info = fit_phase(name, out, model, method, examples, labels, features, self.phases[direction],
                                  self.seed + seed_offset, _DevScore(model, self.dev, name), self.checkpoint_every,
-                                 _BestKeeper(self, model, i, kind, cycle))
+                                 _BestKeeper(self, model, i, kind, cycle), self.mesh)
         if info["best"] is not None:  # a phase restored from its checkpoint saved its best dir in the earlier run
             self.keep_if_best(f"model_{i}/{kind}", info["best"], cycle)
         model.params = params
@@ -253,12 +257,12 @@ class _Run:
         write_results(self.model_dir, self.results)
 
 
-def _packed_pair_features(batch, tok: Tokenizer) -> dict:
+def _pair_features(batch, tok: Tokenizer) -> dict:
+    """Both sides of the pairs, tokenised at the phase's max length (the run packs them into rows of
+    real tokens: the same loss, ~2x fewer tokens than padding each side)."""
     f1, f2 = tok([a for a, _ in batch]), tok([b for _, b in batch])
-    sides = {"sentence1_input_ids": f1["input_ids"], "sentence1_attention_mask": f1["attention_mask"],
-             "sentence2_input_ids": f2["input_ids"], "sentence2_attention_mask": f2["attention_mask"]}
-    # Packed rows of real tokens: the same loss, ~2x fewer tokens than padding each side.
-    return pack_batch(sides, ("sentence1", "sentence2"), tok.max_length, tok.pad_id)
+    return {"sentence1_input_ids": f1["input_ids"], "sentence1_attention_mask": f1["attention_mask"],
+            "sentence2_input_ids": f2["input_ids"], "sentence2_attention_mask": f2["attention_mask"]}
 
 
 def _summary(x: np.ndarray) -> dict:
@@ -284,7 +288,7 @@ class _DevScore:
         self.model, self.ev, self.label = model, ev, f"{phase}: {ev.name}"
 
     def __call__(self, params) -> float:
-        with _params_in(self.model, params):
+        with _params_in(self.model, params["tower"]):
             return score_eval_set(self.model, self.ev)
 
 
@@ -298,7 +302,7 @@ class _BestKeeper:
 
     def save(self, state, score: float) -> None:
         if self.run.keep_if_best(self.key, score, self.cycle):
-            with _params_in(self.model, state.params):
+            with _params_in(self.model, state.params["tower"]):
                 self.model.save_pretrained(self.out_dir)
 
     def wait_until_finished(self) -> None:

@@ -5,14 +5,14 @@
 1. K SimCSE submodels, one `train` job each (gin scopes sub1, sub2, ...), differing by their views
    (round-trip translations from extra columns: `column:<name>` in either of the paper's modes -
    both views the translation, or the sentence paired with its translation - else our
-   augmentations) and seeds; optional cleaning of the training sentences (register_tasks.clean)
+   augmentations) and seeds; optional cleaning of the training sentences (DataConfig.clean)
    and extra unlabelled sentences (a split may list several files).
 2. The ensemble f_T(x) = sum_k a_k f_k(x) (eq. 2) of the submodels' L2-normalised embeddings,
    each with its own pooling; a = uniform, or softmax of the submodels' STS-B dev scores / T.
    `EnsembleEncoder` encodes like a SentenceEncoder, so it evaluates and teaches like one.
 3. The student (same size as one submodel) distilled from the ensemble's cached embeddings of the
    original sentences: lambda InfoNCE(student, teacher; tau 0.3) + (1 - lambda) MAE (eq. 3-4),
-   lambda 0.1 (`QueueDistillConfig.method = 'ensemble'`; MSE / KL / SmoothL1 for Table 4).
+   lambda 0.1 (methods.queue_distill.EnsembleStudent; MSE / KL / SmoothL1 for Table 4).
 """
 from __future__ import annotations
 

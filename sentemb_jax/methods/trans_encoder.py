@@ -25,22 +25,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
-import gin
 from sentemb_jax import validation as v
-from sentemb_jax.data.files import DataError, iter_tsv, read_sts_pairs
+from sentemb_jax.data.files import iter_tsv, read_sts_pairs
 from sentemb_jax.data.packing import packing_inputs
-from sentemb_jax.errors import TrainingError
+from sentemb_jax.errors import DataError
 from sentemb_jax.evaluation.pairs import pair_auc, pair_scores
 from sentemb_jax.evaluation.readers import read_labelled_pairs
 from sentemb_jax.evaluation.sts import correlations
 from sentemb_jax.pooling import l2_normalize
-from sentemb_jax.run_dir import CHECKPOINTS, checkpoint_manager
-from sentemb_jax.training.loop import RunState, Schedule, restore_run, run_loop
-from sentemb_jax.training.optimizers import learning_rate_schedule, make_optimizer
-from sentemb_jax.training.sharded import guard_nonfinite
-from sentemb_jax.training.step import TrainState, apply_gradients, embed_packed
+from sentemb_jax.training import trainer
+from sentemb_jax.training.config import (
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    MeshConfig,
+    OptimizerConfig,
+    RunConfig,
+    ScheduleConfig,
+)
+from sentemb_jax.training.loop import host_params
+from sentemb_jax.training.method import Method, TrainState, side_features
+from sentemb_jax.training.step import apply_gradients, embed_packed
 
 log = logging.getLogger(__name__)
 Array = jax.Array
@@ -113,53 +119,93 @@ def cosine_bce_loss(emb1: Array, emb2: Array, targets: Array) -> Array:
     return -jnp.mean(t * jnp.log(p) + (1 - t) * jnp.log1p(-p))
 
 
-StepState = TrainState  # a phase's state: step, params, optimizer state (the train loop's TrainState)
+def _cross_features(batch: dict) -> dict:
+    if "packed_input_ids" in batch:  # whole pairs packed into rows (CrossEncoder.packed_features)
+        return {"input_ids": batch["packed_input_ids"], "attention_mask": None,
+                "token_type_ids": batch.get("packed_token_type_ids"), "packing": packing_inputs(batch)}
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
 
 
-def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
-
-
-def cross_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "bce"):
-    """bi -> cross: one step of the cross-encoder on (pair features, `labels`); `batch` may carry
-    the packed form of the pairs (CrossEncoder.packed_features)."""
+def cross_step(state: TrainState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "bce"):
+    """bi -> cross: one step of the cross-encoder (params["tower"]) on (pair features, `labels`);
+    `batch` may carry the packed form of the pairs (CrossEncoder.packed_features)."""
     if loss not in BI_TO_CROSS_LOSSES:
         raise ValueError(f"bi->cross loss {loss!r}: choose from {BI_TO_CROSS_LOSSES}")
     rng = jax.random.fold_in(rng, state.step)
-    if "packed_input_ids" in batch:  # whole pairs packed into rows (CrossEncoder.packed_features)
-        features = {"input_ids": batch["packed_input_ids"], "attention_mask": None,
-                    "token_type_ids": batch.get("packed_token_type_ids"),
-                    "packing": packing_inputs(batch)}
-    else:
-        features = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    features = _cross_features(batch)
 
     def loss_fn(params):
-        logits = module.apply({"params": params}, **features, deterministic=False, rngs={"dropout": rng})
+        logits = module.apply({"params": params["tower"]}, **features, deterministic=False, rngs={"dropout": rng})
         return (soft_bce_loss if loss == "bce" else sigmoid_mse_loss)(logits, batch["labels"])
 
     value, grads = jax.value_and_grad(loss_fn)(state.params)
     return apply_gradients(state, value, grads, optimizer)
 
 
-def bi_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "mse"):
-    """cross -> bi: one step of the bi-encoder (a SentenceEmbedder) on (sentence pairs, `labels`);
-    `batch` may carry the packed form of both sides (sentemb_jax.data.packing)."""
+def bi_step(state: TrainState, batch: dict, rng: Array, *, module: nn.Module, optimizer, loss: str = "mse"):
+    """cross -> bi: one step of the bi-encoder (a SentenceEmbedder, params["tower"]) on (sentence
+    pairs, `labels`); `batch` may carry the packed form of both sides (sentemb_jax.data.packing)."""
     if loss not in CROSS_TO_BI_LOSSES:
         raise ValueError(f"cross->bi loss {loss!r}: choose from {CROSS_TO_BI_LOSSES}")
     rng = jax.random.fold_in(rng, state.step)
 
     def loss_fn(params):
+        tower = params["tower"]
         if "packed_input_ids" in batch:  # both sides in one call over packed rows
-            e1, e2 = embed_packed(module, params, batch, rng, ["sentence1", "sentence2"]).values()
+            e1, e2 = embed_packed(module, tower, batch, rng, ["sentence1", "sentence2"]).values()
         else:
             embed = lambda side, i: module.apply(  # noqa: E731
-                {"params": params}, batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], False,
+                {"params": tower}, batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], False,
                 rngs={"dropout": jax.random.fold_in(rng, i)})
             e1, e2 = embed("sentence1", 0), embed("sentence2", 1)
         return (cosine_mse_loss if loss == "mse" else cosine_bce_loss)(e1, e2, batch["labels"])
 
     value, grads = jax.value_and_grad(loss_fn)(state.params)
     return apply_gradients(state, value, grads, optimizer)
+
+
+@dataclasses.dataclass
+class CrossEncoderPhase(Method):
+    """bi -> cross: the cross-encoder learns the bi-encoder's pseudo-labels of the pairs (soft BCE
+    on its logits, the paper's choice; 'mse' on sigmoid(logit) for the ablation). Batches: whole
+    pairs (CrossEncoder.features, packed), with `labels`."""
+
+    loss: str = "bce"
+    sides = ()
+
+    def __post_init__(self):
+        v.require_choice(self.loss, BI_TO_CROSS_LOSSES, "sentemb_jax.CrossEncoderPhase", "loss")
+
+    def batch_features(self, batch_size: int, sequence_length: int) -> dict:
+        ids = jax.ShapeDtypeStruct((batch_size, sequence_length), jnp.int32)
+        return {"input_ids": ids, "attention_mask": ids, "labels": jax.ShapeDtypeStruct((batch_size,), jnp.float32)}
+
+    def model_batch(self, batch: dict) -> dict:
+        return batch
+
+    def step(self, state, batch, rng, *, module, optimizer):
+        return cross_step(state, batch, rng, module=module, optimizer=optimizer, loss=self.loss)
+
+
+@dataclasses.dataclass
+class BiEncoderPhase(Method):
+    """cross -> bi: the bi-encoder learns the cross-encoder's pseudo-labels (MSE between the pair's
+    cosine and the label, the paper's choice; 'bce' on the clipped cosine for the ablation)."""
+
+    loss: str = "mse"
+    sides = ("sentence1", "sentence2")
+
+    def __post_init__(self):
+        v.require_choice(self.loss, CROSS_TO_BI_LOSSES, "sentemb_jax.BiEncoderPhase", "loss")
+
+    def batch_features(self, batch_size: int, sequence_length: int) -> dict:
+        return {"labels": jax.ShapeDtypeStruct((batch_size,), jnp.float32)}
+
+    def model_batch(self, batch: dict) -> dict:
+        return {**side_features(batch, self.sides), "labels": batch["labels"]}
+
+    def step(self, state, batch, rng, *, module, optimizer):
+        return bi_step(state, batch, rng, module=module, optimizer=optimizer, loss=self.loss)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,10 +215,12 @@ def bi_step(state: StepState, batch: dict, rng: Array, *, module: nn.Module, opt
 SCHEDULES = ("refresh", "sequential")
 
 
-@gin.configurable(module="sentemb_jax")
 @dataclasses.dataclass(frozen=True)
 class DistillPhase:
-    """One direction's settings (defaults: the paper's Table 16, STS, base models: bi -> cross)."""
+    """One direction's settings (defaults: the paper's Table 16, STS, base models: bi -> cross):
+    the batch, epochs and length; the learning rate, warmed up over `warmup_ratio` of the phase and
+    decayed linearly to 0; the optimizer (AdamW, weight decay 0.01, gradient clipping at 1.0, as
+    the paper's sentence-transformers code); the relabelling of the pseudo-labels it learns."""
 
     learning_rate: float = 2e-5
     batch_size: int = 32
@@ -180,20 +228,19 @@ class DistillPhase:
     max_length: int = 64
     loss: str = "bce"
     warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
     relabel: str = "none"  # transform of the pseudo-labels this phase learns (see `relabel`)
+    optimizer: OptimizerConfig = OptimizerConfig(name="adamw", clip_norm=1.0, weight_decay=0.01)
 
-
-def _check_phase(ph: DistillPhase, param: str) -> None:
-    """A DistillPhase's numbers (ConfigError naming `<scope>/sentemb_jax.DistillPhase.<field>`)."""
-    sel = f"{param}/sentemb_jax.DistillPhase"
-    api = "sentemb_jax.DistillPhase"
-    v.require_number(ph.learning_rate, sel, "learning_rate", 0, low_open=True, api=api)
-    v.require_int(ph.batch_size, sel, "batch_size", 1, api=api)
-    v.require_int(ph.epochs, sel, "epochs", 1, api=api)
-    v.require_int(ph.max_length, sel, "max_length", 2, api=api)
-    v.require_number(ph.warmup_ratio, sel, "warmup_ratio", 0, 1, high_open=True, api=api)
-    v.require_number(ph.weight_decay, sel, "weight_decay", 0, api=api)
+    def __post_init__(self):
+        api = "sentemb_jax.DistillPhase"
+        v.require_number(self.learning_rate, api, "learning_rate", 0, low_open=True)
+        v.require_int(self.batch_size, api, "batch_size", 1)
+        v.require_int(self.epochs, api, "epochs", 1)
+        v.require_int(self.max_length, api, "max_length", 2)
+        v.require_number(self.warmup_ratio, api, "warmup_ratio", 0, 1, high_open=True)
+        v.require_choice(self.relabel, RELABEL_MODES, api, "relabel")
+        if not isinstance(self.optimizer, OptimizerConfig):
+            v.fail(self.optimizer, api, "optimizer", "must be an OptimizerConfig (e.g. @sentemb_jax.OptimizerConfig())")
 
 
 def bi_to_cross_defaults() -> DistillPhase:
@@ -204,7 +251,6 @@ def cross_to_bi_defaults() -> DistillPhase:
     return DistillPhase(learning_rate=5e-5, batch_size=128, epochs=10, max_length=32, loss="mse")
 
 
-@gin.configurable(module="sentemb_jax")
 @dataclasses.dataclass(frozen=True)
 class EvalSet:
     """A labelled pair file: `sts` (Spearman x 100 against scores) or `pairs` (ROC AUC x 100 against 0/1 labels)."""
@@ -284,32 +330,28 @@ class PairBatches:
         return f"{self.name}, pairs {self._rows[:8].tolist()}" + (" ..." if len(self._rows) > 8 else "")
 
 
-def fit_phase(name: str, out_dir: str, init_params, step_fn: Callable, features: Callable, examples: list, labels: np.ndarray,
-              phase: DistillPhase, seed: int, evaluator, checkpoint_every: int, keeper):
-    """Train one phase in the train loop (training.loop.run_loop); resumable from out_dir/checkpoints.
-    Returns (last params, {"best": dev, "history": [one entry per epoch]}).
+def fit_phase(name: str, out_dir: str, model, method: Method, examples: list, labels: np.ndarray, features: Callable,
+              phase: DistillPhase, seed: int, evaluator, checkpoint_every: int, keeper, mesh: MeshConfig = MeshConfig()):
+    """Train one phase of `model` (a CrossEncoder or SentenceEncoder with its start params) in the
+    train loop through the run setup (mesh, shardings and optimizer from `phase` and `mesh`);
+    resumable from out_dir/checkpoints. Returns (last tower params, {"best": dev, "history": [one
+    entry per epoch]}).
 
     `evaluator(params)` (with `metric` and `label`, as the loop's evaluators) is scored at each
     epoch end; `keeper.save(state, score)` is called when it beats the phase's best so far (the caller
     keeps the best over all phases)."""
     batches = PairBatches(examples, labels, phase.batch_size, seed, features, name)
     total = batches.per_epoch * phase.epochs
-    schedule = learning_rate_schedule(phase.learning_rate, int(phase.warmup_ratio * total), total)
-    optimizer = make_optimizer("adamw", schedule, clip_norm=1.0, weight_decay=phase.weight_decay)
-    step = jax.jit(guard_nonfinite(functools.partial(step_fn, optimizer=optimizer, loss=phase.loss)), donate_argnums=(0,))
-    state = init_state(jax.tree_util.tree_map(jnp.array, init_params), optimizer)
-    manager = checkpoint_manager(out_dir, CHECKPOINTS, keep=1)
-    restored, resumed = restore_run(manager, jax.tree_util.tree_map(np.asarray, state), out_dir, TrainingError)
-    if restored is not None:
-        state = restored
-        batches.load_state_dict(resumed["input"])
-        log.info("%s: resumed at step %d", name, int(state.step))
-    plan = Schedule(total, log_every=25, eval_every=batches.per_epoch, checkpoint_every=checkpoint_every,
-                    checkpoint_at_eval=True)
-    run = RunState(state, out_dir, batches, plan, manager, keeper=keeper, evaluator=evaluator,
-                   bar=tqdm(total=total, initial=int(state.step), desc=name, unit="step", disable=None),
-                   batch_size=phase.batch_size, skip_setting="the Trans-Encoder (no skipping)", resumed=resumed)
-    run_loop(run, step, lambda batch: batch, jax.random.PRNGKey(seed))
+    config = RunConfig(
+        model_dir=out_dir, num_steps=total, model=None,
+        data=DataConfig(batch_size=phase.batch_size, sequence_length=phase.max_length, seed=seed,
+                        pack=isinstance(method, BiEncoderPhase), same_length=False),
+        optimizer=phase.optimizer,
+        schedule=ScheduleConfig(peak=phase.learning_rate, warmup_steps=int(phase.warmup_ratio * total), total_steps=total),
+        mesh=mesh, checkpoints=CheckpointConfig(every=checkpoint_every, keep=1, at_evaluation=True),
+        evaluation=EvalConfig(every=batches.per_epoch), log_every=25)
+    run = trainer.fit(config, method, model=model, batches=batches, evaluator=evaluator, keeper=keeper, label=name)
     history = [{"epoch": e["step"] // batches.per_epoch, "step": e["step"], "loss": e["loss"], "dev": e[evaluator.metric],
                 "seconds": e["train_seconds"]} for e in run.evaluations]
-    return jax.device_get(run.state.params), {"best": run.best[evaluator.metric] if run.best else None, "history": history}
+    return host_params(run.state.params["tower"]), {"best": run.best[evaluator.metric] if run.best else None,
+                                                    "history": history}

@@ -16,8 +16,6 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from sentemb_jax.errors import Preempted  # noqa: F401 - re-exported
-
 
 class StopSignals:
     """Context manager: while inside, SIGTERM and SIGINT set `requested()` instead of killing."""

@@ -24,7 +24,7 @@ import shutil
 
 from etils import epath
 
-from sentemb_jax.data.files import is_remote
+from sentemb_jax.paths import is_remote
 from sentemb_jax.run_dir import DAMAGED_CHECKPOINTS, RUN_CONFIG_JSON
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,15 @@
 """The train step under a device mesh: explicit in/out shardings derived from logical axis rules.
 
-    step_fn, state_shardings = build_sharded_step(module, optimizer, cfg, mesh, example_batch)
-    state = place_state(tower_params, optimizer, cfg, state_shardings)
+    abstract, shardings = tower_shardings(module, ids, mask, mesh)
+    step = jit_train_step(step_fn, state_shardings, mesh)
     with activation_rules(mesh):
-        state, metrics = step_fn(state, shard_batch(batch, mesh), rng)
+        state, metrics = step(state, shard_batch(batch, mesh), rng)
+
+The run setup (training.setup) builds every method's step through these.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import flax.linen as nn
 import jax
@@ -17,7 +18,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sentemb_jax import partitioning
-from sentemb_jax.training.step import ContrastiveConfig, TrainState, initial_params, train_step
 
 
 @contextlib.contextmanager
@@ -39,23 +39,6 @@ def optimizer_shardings(optimizer, abstract_params, params_shardings, mesh: Mesh
     return abstract_opt, partitioning.derive_state_shardings(abstract_opt, abstract_params, params_shardings, mesh)
 
 
-def state_shardings(module: nn.Module, optimizer, cfg: ContrastiveConfig, mesh: Mesh, example_batch: dict,
-                    rules=partitioning.LOGICAL_AXIS_RULES):
-    """(abstract TrainState, TrainState of NamedShardings) without allocating any weights."""
-    ids = example_batch[f"{cfg.anchor}_input_ids"][:1]
-    mask = example_batch[f"{cfg.anchor}_attention_mask"][:1]
-    tower, tower_sh = tower_shardings(module, ids, mask, mesh, rules)
-    replicated = NamedSharding(mesh, P())
-    params_shardings = {"tower": tower_sh}
-    abstract_params = initial_params(tower, cfg) if not cfg.learnable_temperature else None
-    if cfg.learnable_temperature:
-        abstract_params = {"tower": tower, "log_temperature": jax.ShapeDtypeStruct((), jnp.float32)}
-        params_shardings["log_temperature"] = replicated
-    abstract_opt, opt_shardings = optimizer_shardings(optimizer, abstract_params, params_shardings, mesh)
-    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=abstract_opt)
-    return abstract, TrainState(step=replicated, params=params_shardings, opt_state=opt_shardings)
-
-
 def guard_nonfinite(step_fn, skip: bool = False):
     """`step_fn(state, batch, rng) -> (state, metrics)` with metrics['finite'] (loss and gradient
     norm finite). skip=True: a non-finite step returns the state it was given (the batch is
@@ -71,28 +54,25 @@ def guard_nonfinite(step_fn, skip: bool = False):
     return guarded
 
 
-def jit_train_step(step_fn, shardings, mesh: Mesh, skip_nonfinite: bool = False):
-    """`step_fn(state, batch, rng)` jitted with explicit in/out shardings (batch along the data
-    axes, rng and metrics replicated), the state donated, and the non-finite guard."""
+def with_matmul_precision(step_fn, precision: str | None):
+    """`step_fn` traced under jax.default_matmul_precision(precision) ('default' / None: JAX's own -
+    TF32 on NVIDIA GPUs, bf16 passes on TPUs; 'highest': IEEE float32 products)."""
+    if precision in (None, "default"):
+        return step_fn
+
+    def precise(*args):
+        with jax.default_matmul_precision(precision):
+            return step_fn(*args)
+
+    return precise
+
+
+def jit_train_step(step_fn, shardings, mesh: Mesh, skip_nonfinite: bool = False, batch_sharding="data",
+                   matmul_precision: str | None = None):
+    """`step_fn(state, batch, rng)` jitted with explicit in/out shardings (the state's; the batch along
+    the data axes, or as placed with batch_sharding=None; rng and metrics replicated), the state
+    donated, and the non-finite guard."""
     replicated = NamedSharding(mesh, P())
-    return jax.jit(guard_nonfinite(step_fn, skip_nonfinite),
-                   in_shardings=(shardings, partitioning.batch_sharding(mesh), replicated),
-                   out_shardings=(shardings, replicated), donate_argnums=(0,))
-
-
-def build_sharded_step(module: nn.Module, optimizer, cfg: ContrastiveConfig, mesh: Mesh, example_batch: dict,
-                       rules=partitioning.LOGICAL_AXIS_RULES, skip_nonfinite: bool = False):
-    """A jitted train step with explicit in/out shardings and the state donated."""
-    abstract, shardings = state_shardings(module, optimizer, cfg, mesh, example_batch, rules)
-    step = jit_train_step(functools.partial(train_step, module=module, optimizer=optimizer, cfg=cfg), shardings, mesh,
-                          skip_nonfinite)
-    return step, abstract, shardings
-
-
-def place_state(tower_params, optimizer, cfg: ContrastiveConfig, shardings: TrainState) -> TrainState:
-    """Initial TrainState (step 0) from tower params, laid out by `shardings`."""
-    # A fresh copy: the step donates its state, which must not delete the caller's arrays.
-    copy = jax.jit(lambda p: jax.tree_util.tree_map(jnp.copy, p), out_shardings=shardings.params)
-    params = copy(initial_params(tower_params, cfg))
-    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
-    return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step), params=params, opt_state=opt_state)
+    batch = partitioning.batch_sharding(mesh) if batch_sharding == "data" else batch_sharding
+    return jax.jit(with_matmul_precision(guard_nonfinite(step_fn, skip_nonfinite), matmul_precision),
+                   in_shardings=(shardings, batch, replicated), out_shardings=(shardings, replicated), donate_argnums=(0,))
