@@ -19,13 +19,15 @@ INSTALL_REQUIRES = [
     "tokenizers==0.23.3",
     "transformers==5.23.0",
     "sentencepiece==0.2.3",
-    "tensorflow==2.21.0",
-    "tensorflow-text==2.21.1",
-    "seqio==0.0.20",
-    # Prepared corpora (sentemb_jax.data.prepare / prepared); also what tensorflow-datasets resolves to.
+    # Prepared corpora (sentemb_jax.data.prepared_corpus reads them without TensorFlow).
     "array-record==0.8.6",
     "protobuf==7.36.2",
 ]
+
+# Where TensorFlow is the tool (sentemb_jax.dependencies): seqio tasks and mixtures, TFDS sources,
+# in-graph tokenisation, SavedModel export, prepare_corpus. Training, evaluation and the
+# sentence-transformers export run without it (DataConfig.reader='numpy', the default).
+TF_REQUIRES = ["tensorflow==2.21.0", "tensorflow-text==2.21.1", "seqio==0.0.20"]
 
 # ONNX export, ONNX Runtime and OpenVINO behind encode (sentemb_jax.onnx_export): jax2onnx 0.13.0 is
 # the newest release whose orbax-checkpoint pin admits ours; all four resolve with every pin here.
@@ -55,7 +57,7 @@ TEST_REQUIRES = [
     # tests/test_mteb2.py: MTEB 2's evaluator on our encoder (sentemb_jax.evaluation.mteb_adapter);
     # resolves with every pin above (adds datasets, pandas, polars, pytrec-eval-terrier, nothing re-pinned).
     "mteb==2.26.24",
-] + ONNX_REQUIRES
+] + ONNX_REQUIRES + TF_REQUIRES
 
 setup(
     name="sentemb_jax",
@@ -66,5 +68,5 @@ setup(
     python_requires=">=3.10,<3.13",
     install_requires=INSTALL_REQUIRES,
     # Accelerators (not installed here): the TPU / CUDA builds of this jax (tpu/README.md).
-    extras_require={"test": TEST_REQUIRES, "onnx": ONNX_REQUIRES, "tpu": ["jax[tpu]==0.10.2"], "cuda": ["jax[cuda12]==0.10.2"]},
+    extras_require={"test": TEST_REQUIRES, "tf": TF_REQUIRES, "onnx": ONNX_REQUIRES, "tpu": ["jax[tpu]==0.10.2"], "cuda": ["jax[cuda12]==0.10.2"]},
 )

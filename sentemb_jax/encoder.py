@@ -289,7 +289,7 @@ class SentenceEncoder(contract.ModelSettings):
         arch = _read_json(os.path.join(run_dir, ENCODER_JSON))
         if not arch.get("init_from"):
             raise CheckpointError(f"{run_dir}: a run trained from scratch records no model directory to rebuild its "
-                                  "tower from; export it with train.export_dir (a sentence-transformers directory)")
+                                  "tower from; export it with sentemb_jax.train.export_dir (a sentence-transformers directory)")
         encoder = cls.from_pretrained(arch["init_from"], pooling=arch.get("pooling"), max_seq_length=max_seq_length,
                                       **arch.get("config_overrides", {}))
         if arch.get("init_layers"):

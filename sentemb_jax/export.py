@@ -29,11 +29,9 @@ import os
 
 import jax
 import numpy as np
-import tensorflow as tf
-from jax.experimental import jax2tf
 
 from sentemb_jax import validation
-from sentemb_jax.data.vocab import tokenizer_spec_for
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
 from sentemb_jax.pooling import l2_normalize
 
@@ -50,6 +48,12 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     written to a temporary directory beside it and renamed into place: no mix of two exports."""
     validation.require_int(max_length, "sentemb_jax.export_savedmodel", "max_length", 1, allow_none=True,
                            none_means=" (the model's own)")
+    require_tensorflow("sentemb_jax.export_savedmodel (a TF SavedModel)",
+                       instead="export a sentence-transformers directory (SentenceEncoder.save) or ONNX without it")
+    import tensorflow as tf  # lazy: the SavedModel export is where TensorFlow is the tool
+    from jax.experimental import jax2tf  # lazy: imports TensorFlow
+
+    from sentemb_jax.data.vocab import tokenizer_spec_for  # lazy: in-graph tokenisation (TensorFlow Text)
 
     if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
         raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
@@ -117,6 +121,8 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
 
 def _replace_dir(staging: str, out_dir: str) -> None:
     """Move a finished export into place; an earlier one is moved aside first and deleted after."""
+    import tensorflow as tf  # lazy: imported by the export before this runs (tf.io.gfile: any filesystem)
+
     aside = None
     if tf.io.gfile.exists(out_dir):
         aside = f"{out_dir.rstrip('/')}.old-{os.getpid()}"

@@ -20,6 +20,7 @@ import gin
 from sentemb_jax import configuration
 from sentemb_jax.configuration import UNSET, ConfigurableReference, bound_value
 from sentemb_jax.console import Console
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.errors import ConfigError, Preempted, SentembError, UsageError
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
@@ -190,6 +191,7 @@ def _run_job(argv: list[str], console) -> int:
         parse_gin(files, bindings, search)
         check_run_job()  # a string or @job() is refused before anything runs
         if tfds_data_dir:
+            require_tensorflow("--tfds_data_dir (TFDS-backed seqio tasks)")
             import seqio  # lazy: imports TF, only once the console has taken stderr
 
             seqio.set_tfds_data_dir_override(tfds_data_dir)

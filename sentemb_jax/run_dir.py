@@ -2,7 +2,7 @@
 `SentenceEncoder.from_run` and the jobs read it.
 
     MODEL_DIR/
-      checkpoints/<step>/   orbax: the train state and the input position (last train.keep_checkpoints)
+      checkpoints/<step>/   orbax: the train state and the input position (the last CheckpointConfig.keep)
       best/<step>/          orbax: the train state with the best STS-B dev score so far
       damaged_checkpoints/  checkpoints that could not be restored, moved aside on resume
       encoder.json          how to rebuild the tower around a checkpoint (start model, layers, head)
@@ -20,7 +20,6 @@ import os
 
 import orbax.checkpoint as ocp
 from etils import epath
-from tensorboardX import SummaryWriter
 
 from sentemb_jax.paths import is_remote
 
@@ -81,7 +80,7 @@ def write_gin_config(model_dir: str, config_str: str, markdown: str) -> str:
     path = epath.Path(run_path(model_dir, CONFIG_GIN))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(config_str)
-    writer = SummaryWriter(run_path(model_dir, TENSORBOARD))
+    writer = tensorboard_writer(run_path(model_dir, TENSORBOARD))
     writer.add_text("gin/config", markdown, 0)
     writer.close()
     return str(path)
@@ -92,3 +91,11 @@ def keep_gin_config(model_dir: str, config_str: str, markdown: str) -> str | Non
     if not epath.Path(model_dir).is_dir() or epath.Path(run_path(model_dir, CONFIG_GIN)).exists():
         return None
     return write_gin_config(model_dir, config_str, markdown)
+
+
+def tensorboard_writer(path: str):
+    """A tensorboardX SummaryWriter at `path`, imported on first use: tensorboardX imports torch
+    when it is installed (a second or more), which a job that writes no events never pays."""
+    from tensorboardX import SummaryWriter  # lazy: imports torch when installed (seconds)
+
+    return SummaryWriter(path)

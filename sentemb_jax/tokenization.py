@@ -6,6 +6,8 @@ lengths, so a jitted encoder only ever compiles a handful of shapes.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import os
 import shutil
 from typing import Sequence
@@ -136,3 +138,23 @@ class Tokenizer:
             src, dst = os.path.join(self.source_dir, name), os.path.join(out_dir, name)
             if os.path.isfile(src) and not os.path.exists(dst):
                 shutil.copyfile(src, dst)
+
+
+def tokenizer_fingerprint(model_dir: str) -> str:
+    """sha256 of what decides the ids of a text: the vocabulary file, the tokenizer settings and the
+    added tokens (a corpus tokenized once, data.prepare, is only read by a model whose tokenizer has
+    the same)."""
+    digest = hashlib.sha256()
+    for name in ("spiece.model", "vocab.txt", "tokenizer_config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+    tokenizer_json = os.path.join(model_dir, "tokenizer.json")
+    added = None
+    if os.path.isfile(tokenizer_json):
+        with open(tokenizer_json, encoding="utf-8") as f:
+            entries = json.load(f).get("added_tokens")
+        added = None if entries is None else {t["content"]: int(t["id"]) for t in entries}
+    digest.update(json.dumps(added, sort_keys=True).encode())
+    return digest.hexdigest()

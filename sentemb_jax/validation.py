@@ -10,7 +10,7 @@ as `error: ...` and exits 2 (bad configuration):
     gin binding sentemb_jax.RunConfig.num_steps = %NUM_STEPS = -3: must be an integer >= 1
 
 Paths built from configuration or from files we read (split names, task names, modules.json
-entries, relative `register_tasks.files` entries) must stay under the root they are meant for
+entries, relative `DataConfig.files` entries) must stay under the root they are meant for
 (`require_under`).
 """
 from __future__ import annotations

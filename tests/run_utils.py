@@ -44,3 +44,14 @@ def header_gin_files(path: str) -> list[str]:
 def gin_file_args(path: str) -> list[str]:
     """`--gin_file=` arguments that run `path` as its header says (its model file first)."""
     return [f"--gin_file={f}" for f in header_gin_files(path)]
+
+
+NO_TENSORFLOW = os.path.join(REPO, "tests", "no_tensorflow")
+
+
+def without_tensorflow(env: dict | None = None) -> dict:
+    """The environment of a child process on which TensorFlow, tensorflow_text, seqio and
+    tensorflow_datasets cannot be imported (tests/no_tensorflow/sitecustomize.py)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([NO_TENSORFLOW, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env

@@ -111,12 +111,19 @@ def test_never_with_other_widths_and_invalid_values_name_the_argument_and_the_bi
         "gin binding sentemb_jax.ConGen.head = 'never': the student embeds in 32 dimensions and the teacher in 24")
 
 
+class _Unread:
+    """A batch source whose reading fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the source was read ({name}) before the head was checked")
+
+
 def test_never_fails_when_the_teacher_loads(student, tmp_path, minilm_dir):
     """The train loop's prepare() refuses before the teacher embeds any data (the task is never read)."""
     make_minilm_shaped_bert(tmp_path / "teacher", minilm_dir, layers=1, hidden=24)
     method = ConGen(teacher=str(tmp_path / "teacher"), head="never")
     with pytest.raises(ConfigError, match="the student embeds in 32 dimensions and the teacher in 24"):
-        method.prepare(MethodContext(student=student, sequence_length=16, seed=0, task="no_such_task"))
+        method.prepare(MethodContext(student=student, sequence_length=16, seed=0, source=_Unread()))
     assert method._rows is None
 
 

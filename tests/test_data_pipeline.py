@@ -9,7 +9,8 @@ import pytest
 import seqio
 from run_utils import gin_file_args
 
-from sentemb_jax.data.pipeline import InputPipeline, to_model_batch
+from sentemb_jax.data.batching import to_model_batch
+from sentemb_jax.data.pipeline import InputPipeline
 from sentemb_jax.data.tasks import register_tasks, register_tfds_tasks
 from sentemb_jax.errors import DataError
 

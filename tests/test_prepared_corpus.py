@@ -12,9 +12,11 @@ import seqio
 
 from sentemb_jax.data import prepare as prep
 from sentemb_jax.data import storage
+from sentemb_jax.data.kinds import file_spec
 from sentemb_jax.data.pipeline import InputPipeline
-from sentemb_jax.data.prepared import PreparedCorpus, PreparedSource
-from sentemb_jax.data.tasks import RowFileSource, cut_ids, file_spec, register_tasks
+from sentemb_jax.data.prepared import PreparedSource
+from sentemb_jax.data.prepared_corpus import PreparedCorpus
+from sentemb_jax.data.tasks import RowFileSource, cut_ids, register_tasks
 from sentemb_jax.errors import ConfigError, DataError
 
 ROWS_PER_FILE = 60

@@ -285,10 +285,10 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
     online = distill and view2 == "word_deletion"
     assert bool(state["extra"].get("teacher")) == online  # the teacher's weights ride in the state only when it runs in the step
     if distill and not online:
-        from sentemb_jax.data import augment
+        from sentemb_jax.data import views  # the numpy route (DataConfig.reader default) draws the fixed words
 
         texts = [line for f in files for line in open(f, encoding="utf-8").read().splitlines()[1:]]
-        fixed = augment.fixed_view_texts(texts, "fixed:word_deletion", 0.1, 1)
+        fixed = views.fixed_view_texts(texts, "fixed:word_deletion", 0.1, 1)
         assert sum(a != b for a, b in zip(texts, fixed)) > 100  # 10% word deletion changed most sentences
         from sentemb_jax.encoder import SentenceEncoder
 

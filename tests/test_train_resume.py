@@ -83,7 +83,7 @@ def test_resume_with_another_configuration_or_data_is_refused(t5_dir, tmp_path, 
     for diff in ("batch_size: 16 -> 8", "method.temperature: 0.01 -> 0.05", "model.init_layers: None -> 1",
                  "model.backbone.num_layers: 3 -> 1"):
         assert diff in err, err
-    assert "train.allow_config_change=True" in err
+    assert "CheckpointConfig.allow_config_change=True" in err
     assert _snapshot(run) == before  # the refused start rewrote nothing (encoder.json, record, checkpoints)
 
     # Other rows in the same file (the 40-rows-replaced-by-11-others case).

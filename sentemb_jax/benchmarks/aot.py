@@ -13,7 +13,9 @@ no weights allocated), for the compile-only tools:
 
 Programs: `train_program` (the train job's step, any method), `encode_program` (the function
 behind SentenceEncoder.encode: module.apply on a batch of ids), `trans_encoder_programs` (the
-Trans-Encoder's cross-encoder and bi-encoder phase steps, built through the run setup too).
+Trans-Encoder's cross-encoder and bi-encoder phase steps, built through the run setup too), the
+ensemble_distill job's student step. The `*_run` functions give the runs themselves (what
+`sentemb_jax.benchmarks.step_time` times with real arrays).
 """
 from __future__ import annotations
 
@@ -34,10 +36,11 @@ from sentemb_jax import main as runner
 from sentemb_jax import partitioning
 from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.errors import ConfigError  # a gin file the compile-only tools cannot build a program from
-from sentemb_jax.jobs.train import bound_model, bound_train
+from sentemb_jax.jobs.train import bound_model, bound_train, made
 from sentemb_jax.methods.trans_encoder import BiEncoderPhase, CrossEncoderPhase, bi_to_cross_defaults, cross_to_bi_defaults
 from sentemb_jax.models.cross import CrossEncoderModule
 from sentemb_jax.training.config import DataConfig, RunConfig, ScheduleConfig
+from sentemb_jax.training.method import Method
 from sentemb_jax.training.setup import Run, load_tower, setup_run
 from sentemb_jax.training.sharded import activation_rules, tower_shardings
 
@@ -152,16 +155,31 @@ def program_of(run: Run, label: str, kind: str = "train", notes: Sequence[str] =
                    decoder_params=_decoder_params(module, tower))
 
 
-def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None, label: str | None = None) -> Program:
-    """The sharded train step `sentemb_jax.main` runs for these gin files, on `devices` (default:
-    jax.devices()) with the gin file's mesh, method, optimizer, batch size and length - built by the
-    run setup, as the trainer builds it."""
+def train_run(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None) -> tuple[Run, list[str]]:
+    """(the run the train job builds for these gin files, built abstractly on `devices` - default
+    jax.devices() - with the gin file's mesh, method, optimizer, batch size and length; notes)."""
     parse_gin(gin_files, bindings)
     config, method = bound_train()
     notes = ["DataConfig.pack=True compiled unpacked (every text padded to the length: an upper bound)"] \
         if config.data.pack else []
-    run = setup_run(config, method, devices=devices, abstract=True)
+    return setup_run(config, method, devices=devices, abstract=True), notes
+
+
+def train_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None, label: str | None = None) -> Program:
+    """The sharded train step `sentemb_jax.main` runs for these gin files (train_run's)."""
+    run, notes = train_run(gin_files, bindings, devices)
     return program_of(run, label or " + ".join(gin_files), notes=notes)
+
+
+def ensemble_student_run(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None) -> Run:
+    """The ensemble_distill job's student step (its RunConfig and EnsembleStudent), built abstractly:
+    random rows of the student's width stand in for the ensemble's cached embeddings."""
+    parse_gin(gin_files, bindings)
+    bound = gin.get_bindings("sentemb_jax.ensemble_distill")
+    if "student" not in bound or "method" not in bound:
+        raise ConfigError("these gin files configure no ensemble_distill job (sentemb_jax.ensemble_distill.student / "
+                          ".method unbound): give an ensemble recipe, e.g. gin/runs/ensemble_distill_cpu.gin")
+    return setup_run(bound["student"], made(bound["method"], Method), devices=devices, abstract=True)
 
 
 def encode_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None, batch_size: int = 1024,
@@ -199,20 +217,19 @@ def encode_program(gin_files: Sequence[str], bindings: Sequence[str] = (), devic
                    decoder_params=_decoder_params(module, tower))
 
 
-def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None,
-                           label: str | None = None, only: str | None = None) -> list[Program]:
+def trans_encoder_runs(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None,
+                       only: str | None = None) -> list[tuple[str, Run]]:
     """Trans-Encoder's two phase steps for the gin file's backbone, built by the run setup as the
     job builds them: the cross-encoder step (bi -> cross) and the bi-encoder step (cross -> bi) at
     DistillPhase's defaults (paper Table 16: cross batch 32 x 64 tokens, bi batch 128 x 32 per
-    side), each phase's optimizer, on the gin file's mesh. Pairs unpacked (the job packs them:
-    fewer tokens, same shapes or smaller)."""
+    side), each phase's optimizer, on the gin file's mesh; [(kind, run)]."""
     parse_gin(gin_files, bindings)
     tower = load_tower(bound_model(), 64, tokenizer=False)
     mesh = gin.get_configurable("sentemb_jax.MeshConfig")()
     steps = {"cross_step": (bi_to_cross_defaults(), CrossEncoderPhase), "bi_step": (cross_to_bi_defaults(), BiEncoderPhase)}
     if only is not None and only not in steps:
         raise ConfigError(f"trans_encoder has no program {only!r}: {', '.join(steps)}")
-    programs = []
+    runs = []
     for kind, (phase, method_class) in ((k, v) for k, v in steps.items() if only in (None, k)):
         model = tower
         if kind == "cross_step":
@@ -220,9 +237,17 @@ def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (
         phase_config = RunConfig(model_dir="/unused", num_steps=1000, data=DataConfig(
             batch_size=phase.batch_size, sequence_length=phase.max_length), optimizer=phase.optimizer,
             schedule=ScheduleConfig(peak=phase.learning_rate, warmup_steps=100), mesh=mesh)
-        run = setup_run(phase_config, method_class(loss=phase.loss), model=model, devices=devices, abstract=True)
-        programs.append(program_of(run, f"{label or ' + '.join(gin_files)} {kind}", kind, ["pairs unpacked"]))
-    return programs
+        runs.append((kind, setup_run(phase_config, method_class(loss=phase.loss), model=model, devices=devices,
+                                     abstract=True)))
+    return runs
+
+
+def trans_encoder_programs(gin_files: Sequence[str], bindings: Sequence[str] = (), devices=None,
+                           label: str | None = None, only: str | None = None) -> list[Program]:
+    """trans_encoder_runs' steps as Programs (pairs unpacked; the job packs them: fewer tokens,
+    same shapes or smaller)."""
+    return [program_of(run, f"{label or ' + '.join(gin_files)} {kind}", kind, ["pairs unpacked"])
+            for kind, run in trans_encoder_runs(gin_files, bindings, devices, only)]
 
 
 def build(kind: str, gin_files: Sequence[str], bindings: Sequence[str], devices, only: str | None = None,
@@ -237,5 +262,8 @@ def build(kind: str, gin_files: Sequence[str], bindings: Sequence[str], devices,
         return [encode_program(gin_files, bindings, devices, sharded=False, **kwargs)]
     if kind == "trans_encoder":
         return trans_encoder_programs(gin_files, bindings, devices, only=only)
-    raise ConfigError(f"unknown program kind {kind!r}: train, encode, encode1, trans_encoder")
+    if kind == "ensemble_student":
+        return [program_of(ensemble_student_run(gin_files, bindings, devices), " + ".join(gin_files) + " student",
+                           "ensemble_student")]
+    raise ConfigError(f"unknown program kind {kind!r}: train, encode, encode1, trans_encoder, ensemble_student")
 

@@ -347,7 +347,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--program", default="train", choices=["train", "encode", "encode1", "trans_encoder"],
                         help="train: the train step; encode: SentenceEncoder's function sharded over the mesh; "
                              "encode1: as SentenceEncoder.encode runs it (one device); trans_encoder: its two steps")
-    parser.add_argument("--batch", type=int, default=None, help="global batch (train.batch_size / encode batch)")
+    parser.add_argument("--batch", type=int, default=None, help="global batch (DataConfig.batch_size / encode batch)")
     parser.add_argument("--length", type=int, default=None, help="sequence length")
     parser.add_argument("--num_slices", type=int, default=1, help="Multislice: slices joined over DCN (data axis)")
     parser.add_argument("--mesh", action="append", default=[], help="FSDPxMODEL to try (data = the rest), repeatable")

@@ -8,7 +8,7 @@
 Epoch e of a task is the task's rows permuted with seed `seed + e`; each host reads its own
 `seqio.ShardInfo` part of that order. Text features are padded to the longest sequence in the
 batch rounded up to a bucket length (few compiled shapes), one text per row; the trainer can
-pack them afterwards (`train.pack`, sentemb_jax.data.packing).
+pack them afterwards (`DataConfig.pack`, sentemb_jax.data.packing).
 """
 from __future__ import annotations
 
@@ -20,37 +20,20 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from sentemb_jax.data.batching import to_model_batch
 from sentemb_jax.data.prepared import PreparedSource
-from sentemb_jax.data.tasks import cut_ids, register_tasks, truncate_ids
+from sentemb_jax.data.tasks import (
+    cut_ids,
+    register_tasks,
+    sentence_texts,
+    sentence_views,
+    task_files,
+    truncate_ids,
+    view_texts,
+)
 from sentemb_jax.errors import DataError, TrainingError
 from sentemb_jax.paths import default_data_dir
-from sentemb_jax.tokenization import DEFAULT_BUCKETS, TRAIN_BUCKETS, bucket_length
-
-
-def to_model_batch(batch: Mapping[str, np.ndarray], text_features: Sequence[str], pad_id: int,
-                   buckets: Sequence[int] = DEFAULT_BUCKETS, same_length: bool = False) -> dict[str, np.ndarray]:
-    """Padded id matrices -> `<f>_input_ids` / `<f>_attention_mask` at a bucket length; rest passed on.
-
-    same_length: one bucket length for every text feature of the batch (a train step then
-    compiles once per bucket, not once per combination of buckets).
-    """
-    out = {}
-    for name, value in batch.items():
-        if name in text_features or name.endswith("_length") or value.dtype.kind in "OSU":
-            continue  # raw strings stay on the host side
-        out[name] = value
-    common = max(int(batch[f"{name}_length"].max(initial=1)) for name in text_features)
-    for name in text_features:
-        lengths = batch[f"{name}_length"]
-        width = bucket_length(max(common if same_length else int(lengths.max(initial=1)), 1), buckets)
-        ids = np.full((len(lengths), width), pad_id, np.int32)
-        src = batch[name][:, :width]
-        ids[:, : src.shape[1]] = src
-        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int32)
-        ids[mask == 0] = pad_id
-        out[f"{name}_input_ids"] = ids
-        out[f"{name}_attention_mask"] = mask
-    return out
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, TRAIN_BUCKETS
 
 
 class InputPipeline:
@@ -86,6 +69,20 @@ class InputPipeline:
     @property
     def name(self) -> str:
         return f"task {self.task!r}"
+
+    # What a method reads of a sentences task (the TensorFlow-free reader has the same).
+    @property
+    def views(self) -> tuple[str, ...]:
+        return sentence_views(self.task)[0]
+
+    def texts(self) -> list[str]:
+        return sentence_texts(self.task)
+
+    def view_texts(self, view_index: int, texts=None) -> list[str] | None:
+        return view_texts(self.task, view_index, texts)
+
+    def data_files(self) -> list[str]:
+        return task_files(self.task)
 
     def describe(self, batch: Mapping[str, np.ndarray], limit: int = 8) -> str:
         """`path:line` of a batch's first rows (row ids when the source has no line index)."""
@@ -202,7 +199,7 @@ class InputPipeline:
         counted = f"{rows} usable rows" if rows is not None else "too few rows"
         return (f"{files}: {counted}{part} cannot fill one batch of batch_size={self.batch_size} "
                 f"({self.split!r} split of {self.task!r}; incomplete batches are dropped): lower the batch size "
-                "(train.batch_size) or add data")
+                "(DataConfig.batch_size) or add data")
 
 
 def _reraise_data_errors(batches: Iterator) -> Iterator:

@@ -33,16 +33,16 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
-import tensorflow as tf
 from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
 from sentemb_jax.data import storage
+from sentemb_jax.data.example_proto import example_class
 from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
-from sentemb_jax.data.prepared import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
-from sentemb_jax.data.vocab import tokenizer_fingerprint, tokenizer_spec_for
+from sentemb_jax.data.prepared_corpus import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
 from sentemb_jax.errors import DataError, SentembError
 from sentemb_jax.paths import is_remote
+from sentemb_jax.tokenization import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 TOKENIZE_CHUNK = 1024  # examples tokenized together (one call of the traced batch tokenizer)
@@ -81,9 +81,10 @@ def plan_shards(inputs: Sequence[str], num_shards: int | None, prefix: str) -> l
 
 
 def _example_bytes(spec: FileSpec, tokenized: bool) -> Callable[[dict], bytes]:
-    """A serializer of validated examples to tf.train.Example bytes (one reused message: fast).
+    """A serializer of validated examples to tf.train.Example bytes (one reused message: fast; the
+    protobuf library's own message, data.example_proto: no TensorFlow).
     tokenized: text fields hold id arrays (int64 lists), not strings."""
-    message = tf.train.Example()
+    message = example_class()()
     slots = {}
     for field in spec.fields:
         feature = message.features.feature[field]
@@ -106,8 +107,10 @@ def _example_bytes(spec: FileSpec, tokenized: bool) -> Callable[[dict], bytes]:
 
 
 @functools.lru_cache(maxsize=2)
-def _batch_tokenizer(tokenizer_dir: str, max_length: int) -> Callable[[tf.Tensor], tf.RaggedTensor]:
+def _batch_tokenizer(tokenizer_dir: str, max_length: int) -> Callable:
     """texts [n] -> ids [n, (length)]: TokenizerSpec.tokenize_batch_tf, whose graph the spec builds once."""
+    from sentemb_jax.data.vocab import tokenizer_spec_for  # lazy: TensorFlow, only for a corpus of ids
+
     return functools.partial(tokenizer_spec_for(tokenizer_dir).tokenize_batch_tf, max_length=max_length)
 
 
@@ -115,6 +118,8 @@ def _tokenize(examples: list[dict], fields: Sequence[str], tokenizer_dir: str, m
     """The examples with their text fields replaced by ids - the training pipeline's own in-graph
     tokenizer (data.tasks.tokenize_texts' rule), so a prepared corpus holds exactly the ids it would
     make (tests/test_prepared_corpus.py checks batch for batch)."""
+    import tensorflow as tf  # lazy: a corpus of ids is tokenised in-graph
+
     tokenize = _batch_tokenizer(tokenizer_dir, max_length)
     for field in fields:
         ids = tokenize(tf.constant([e[field] for e in examples]))

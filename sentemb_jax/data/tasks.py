@@ -35,20 +35,15 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from sentemb_jax.data import augment, prepared, storage
+from sentemb_jax.data import augment, prepared
 from sentemb_jax.data.files import (
     ConcatRowIndex,
-    DataError,
     FileSpec,
     RowIndex,
-    index_rows,
-    missing_file_message,
     neighbour_positions,
     read_rows,
-    source_lines,
 )
 from sentemb_jax.data.kinds import (
-    API,
     COLUMN,
     DEFAULT_FILES,
     FIXED,
@@ -56,35 +51,29 @@ from sentemb_jax.data.kinds import (
     NEIGHBOUR,
     TEXT_FIELDS,
     check_task_options,
-    file_spec,
     precomputed_field,
 )
-from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_fingerprint, tokenizer_spec_for
-from sentemb_jax.errors import ConfigError
-from sentemb_jax.paths import default_data_dir, is_remote
+from sentemb_jax.data.sources import PREFIX, FileRows, check_required, is_prepared, kind_specs, task_names
+from sentemb_jax.data.vocab import TokenizerSpec, tokenizer_spec_for
+from sentemb_jax.errors import ConfigError, DataError
+from sentemb_jax.paths import default_data_dir
 from sentemb_jax.preflight import require_model_dir
-from sentemb_jax.validation import is_under
+from sentemb_jax.tokenization import tokenizer_fingerprint
 
 log = logging.getLogger(__name__)
 
-PREFIX = "sentemb_"
 
 class RowFileSource(seqio.DataSource):
-    """A seqio source over validated TSV/JSONL files (one per split).
-
-    Shuffling is a full permutation of the rows by the seed (no buffer); sharding takes every
-    `num_shards`-th row of that permutation, so hosts read disjoint parts of one global order.
-    """
+    """A seqio source over validated TSV/JSONL files (one FileRows per split, data.sources: the order,
+    the host sharding and the bad-row rules the TensorFlow-free reader has too)."""
 
     def __init__(self, specs: Mapping[str, FileSpec | Sequence[FileSpec]], on_bad_row: str = "error",
                  score_field: str | None = None, neighbour_of: str | None = None):
         """neighbour_of: a text field; each example also carries, as `neighbour`, that field of the
         row next to it in its file (files.neighbour_positions): the `neighbour` view's text."""
         # A split may be several files of the same columns, read as one (row ids run across them).
-        self._specs = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in specs.items()}
-        self._on_bad_row = on_bad_row
-        self._indexes: dict[str, RowIndex | ConcatRowIndex] = {}
-        self._score_field = score_field
+        self._rows = {k: FileRows(tuple(v) if isinstance(v, (list, tuple)) else v, on_bad_row, neighbour_of)
+                      for k, v in specs.items()}
         self._neighbour_of = neighbour_of
         super().__init__(splits=list(specs), num_input_examples=None, caching_permitted=True, performs_internal_shuffling=True)
 
@@ -92,39 +81,33 @@ class RowFileSource(seqio.DataSource):
     def supports_arbitrary_sharding(self) -> bool:
         return True
 
+    def rows(self, split: str) -> FileRows:
+        if split not in self._rows:
+            raise DataError(f"split {split!r} not available; this source has {sorted(self._rows)}")
+        return self._rows[split]
+
     def list_shards(self, split: str) -> Sequence[str]:
-        spec = self._specs[split]
-        return [s.path for s in spec] if isinstance(spec, tuple) else [spec.path]
+        return self.rows(split).files
 
     def index(self, split: str) -> RowIndex | ConcatRowIndex:
-        if split not in self._specs:
-            raise DataError(f"split {split!r} not available; this source has {sorted(self._specs)}")
-        if split not in self._indexes:
-            spec = self._specs[split]
-            self._indexes[split] = (ConcatRowIndex([index_rows(s, self._on_bad_row) for s in spec])
-                                    if isinstance(spec, tuple) else index_rows(spec, self._on_bad_row))
-        return self._indexes[split]
+        return self.rows(split).index
 
     def num_input_examples(self, split: str) -> int | None:
-        return len(self._indexes[split]) if split in self._indexes else None
+        return len(self._rows[split]) if split in self._rows and self._rows[split]._index is not None else None
 
     def describe(self, split: str, row_ids: Sequence[int]) -> list[str]:
         """`path:line` of row ids (what a bad batch came from)."""
-        return source_lines(self.index(split), row_ids)
+        return self.rows(split).describe(row_ids)
 
     def row_order(self, split: str, shuffle: bool, seed: int | None, shard_info: seqio.ShardInfo | None) -> np.ndarray:
-        n = len(self.index(split))
-        order = np.random.default_rng(0 if seed is None else int(seed)).permutation(n) if shuffle else np.arange(n)
-        if shard_info is not None and shard_info.num_shards > 1:
-            order = order[shard_info.index :: shard_info.num_shards]
-        return order
+        shard = (shard_info.index, shard_info.num_shards) if shard_info is not None else None
+        return self.rows(split).order(seed, shard, shuffle)
 
     def get_dataset(self, split: str = "train", shuffle: bool = True, seed: int | None = None,
                     shard_info: seqio.ShardInfo | None = None, *, sequence_length=None, use_cached=False, num_epochs=1):
-        index = self.index(split)
+        rows = self.rows(split)
         order = self.row_order(split, shuffle, seed, shard_info)
-        spec = self._specs[split]
-        spec = spec[0] if isinstance(spec, tuple) else spec  # the parts share their columns
+        spec = rows.first_spec
         signature = {f: tf.TensorSpec((), tf.string) for f in spec.fields if f != spec.score_field}
         if spec.score_field:
             signature[spec.score_field] = tf.TensorSpec((), tf.float32)
@@ -132,15 +115,7 @@ class RowFileSource(seqio.DataSource):
         if self._neighbour_of:
             signature[NEIGHBOUR] = tf.TensorSpec((), tf.string)
 
-        def rows():
-            neighbours = read_rows(index, neighbour_positions(index, order)) if self._neighbour_of else None
-            for pos, example in zip(order, read_rows(index, order)):
-                example["row_id"] = int(pos)
-                if neighbours is not None:
-                    example[NEIGHBOUR] = next(neighbours)[self._neighbour_of]
-                yield example
-
-        return tf.data.Dataset.from_generator(rows, output_signature=signature)
+        return tf.data.Dataset.from_generator(lambda: rows.rows(order), output_signature=signature)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,36 +262,6 @@ def _register(name: str, source: seqio.DataSource, text_fields: Sequence[str], t
     return name
 
 
-def _specs(kind: str, data_dir: str, files: Mapping, build) -> dict[str, FileSpec]:
-    rel = files.get(kind, DEFAULT_FILES[kind])
-    by_split = rel if isinstance(rel, Mapping) else {"train": rel}
-    specs = {}
-    for split, paths in by_split.items():
-        built = []
-        for path in [paths] if isinstance(paths, str) else list(paths):  # a list: files read as one
-            binding = f"DataConfig.data_dir={data_dir!r} + files[{kind!r}]={path!r}"
-            if not isinstance(path, str) or not path:
-                raise ConfigError("{where}: must be a file path (a string; relative ones are under DataConfig.data_dir)",
-                                  api=API, param="files", value=path, key=f"[{kind!r}]")
-            absolute = os.path.isabs(path) or is_remote(path)
-            if not absolute and not is_under(path, data_dir):
-                # A relative entry stays under DATA_DIR; an absolute one (or gs://...) is the user's own.
-                raise ConfigError(f"{{where}}: a relative path must stay under DATA_DIR {os.path.normpath(data_dir)} (it "
-                                  f"resolves to {os.path.normpath(os.path.join(data_dir, path))}); give an absolute path "
-                                  "for a file elsewhere", api=API, param="files", value=path, key=f"[{kind!r}]")
-            full = path if absolute else os.path.join(data_dir, path)
-            prepared_manifest = prepared.manifest_path(full) if not storage.is_pattern(full) else None
-            if prepared_manifest:  # a prepared corpus (data.prepare): read by PreparedSource
-                built.append(build(prepared_manifest, binding))
-                continue
-            try:  # a glob: its files in sorted order, read as one split (no match: reported when required / read)
-                built += [build(f, binding) for f in storage.expand(full)]
-            except DataError:
-                built.append(build(full, binding))
-        specs[split] = built[0] if len(built) == 1 and isinstance(paths, str) else tuple(built)
-    return specs
-
-
 _UNSET = object()
 
 
@@ -369,13 +314,10 @@ def register_tasks(
     views = tuple(views)
     options = dict(commqa_labels=commqa_labels, nli_pair_labels=nli_pair_labels, sts_score_range=sts_score_range,
                    sentence_column=sentence_column, view_columns=view_columns, clean=clean)
-    builders = {kind: functools.partial(file_spec, kind, **options) for kind in DEFAULT_FILES}
-    specs_of = {kind: _specs(kind, data_dir, files, builders[kind]) for kind in kinds}
-    _check_required(specs_of, data_dir, tuple(kinds) if require is True else tuple(require or ()))
+    specs_of = kind_specs(data_dir, files, kinds, **options)
+    check_required(specs_of, data_dir, tuple(kinds) if require is True else tuple(require or ()))
     if tokenizer_dir is None:
-        names = {kind: PREFIX + kind for kind in kinds}
-        names.update({m: PREFIX + m for m, parts in MIXTURES.items() if set(parts) <= set(kinds)})
-        return names
+        return task_names(kinds)
     if not os.path.isdir(tokenizer_dir):
         require_model_dir(tokenizer_dir, "sentemb_jax.TowerConfig", "tokenizer_dir")
     tokenizer = tokenizer_spec_for(tokenizer_dir)
@@ -405,14 +347,8 @@ def register_tasks(
 def _source(kind: str, specs: Mapping, on_bad_row: str, views: Sequence[str], window_shards: int,
             on_bad_shard: str) -> seqio.DataSource:
     """RowFileSource over validated files, or PreparedSource when every split is a prepared corpus."""
-    parts = [p for spec in specs.values() for p in (spec if isinstance(spec, tuple) else (spec,))]
-    is_prepared = [p.path.endswith(prepared.MANIFEST) for p in parts]
-    if not any(is_prepared):
+    if not is_prepared(specs, kind):
         return RowFileSource(specs, on_bad_row, neighbour_of="text" if kind == "sentences" and NEIGHBOUR in views else None)
-    if not all(is_prepared) or len(parts) != len(specs) or kind == "sentences":
-        raise ConfigError(f"sentemb_jax.data.register_tasks.files[{kind!r}]: a prepared corpus (manifest.json) must be "
-                          "the split's only entry, every split of the kind prepared"
-                          + (" (the sentences task reads validated files: its views need row neighbours)" if kind == "sentences" else ""))
     return prepared.PreparedSource({split: spec.path for split, spec in specs.items()}, window_shards, on_bad_shard)
 
 
@@ -428,33 +364,10 @@ def _check_tokenized(source: prepared.PreparedSource, kind: str, tokenizer_dir: 
     return True
 
 
-def _check_required(specs_of: Mapping[str, dict], data_dir: str, require: Sequence[str]) -> None:
-    """DataError naming every missing file of the required kinds / mixtures (and the bindings that
-    produced each path); the data directory itself when it does not exist."""
-    wanted = []
-    for name in require:
-        parts = MIXTURES.get(name, (name,))
-        unknown = [p for p in parts if p not in specs_of]
-        if unknown:
-            raise ValueError(f"register_tasks.require: {name!r} is not a registered kind; registered: "
-                             f"{sorted(specs_of) + [m for m, p in MIXTURES.items() if set(p) <= set(specs_of)]}")
-        wanted += [p for p in parts if p not in wanted]
-    missing = []
-    for kind in wanted:
-        for spec in specs_of[kind].values():
-            missing += [part for part in (spec if isinstance(spec, tuple) else (spec,)) if not storage.exists(part.path)]
-    if not missing:
-        return
-    if not os.path.isdir(data_dir) and any(part.path.startswith(os.path.join(data_dir, "")) for part in missing):
-        raise DataError(f"{data_dir}: no such data directory ({{where}})", api=API, param="data_dir", value=data_dir,
-                        source=True)
-    raise DataError("; ".join(missing_file_message(part) for part in missing))
-
-
 def _size_rate(task: seqio.Task) -> float:
     """Mixing rate proportional to a task's (validated or prepared) train rows."""
     source = task.source
-    return float(len(source.index("train")) if isinstance(source, RowFileSource) else source.num_input_examples("train"))
+    return float(len(source.rows("train")) if isinstance(source, RowFileSource) else source.num_input_examples("train"))
 
 
 # ---------------------------------------------------------------------------------------------

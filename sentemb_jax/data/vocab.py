@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import os
 from typing import Sequence
@@ -350,19 +349,6 @@ def _added_tokens(tokenizer_json: str) -> dict[str, int] | None:
                 f"{tokenizer_json}: added token {t.get('content')!r} is matched with normalized / lstrip / rstrip / "
                 "single_word, which the in-graph WordPiece tokenizer does not implement (only raw, exact matches)")
     return {t["content"]: int(t["id"]) for t in added}
-
-
-def tokenizer_fingerprint(model_dir: str) -> str:
-    """sha256 of what decides the ids of a text: the vocabulary file and the tokenizer settings
-    (a corpus tokenized once, data.prepare, is only read by a model whose tokenizer has the same)."""
-    digest = hashlib.sha256()
-    for name in ("spiece.model", "vocab.txt", "tokenizer_config.json"):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                digest.update(name.encode() + b"\0" + f.read())
-    digest.update(json.dumps(_added_tokens(os.path.join(model_dir, "tokenizer.json")), sort_keys=True).encode())
-    return digest.hexdigest()
 
 
 def tokenizer_spec_for(model_dir: str) -> TokenizerSpec:

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import gin
 from sentemb_jax import preflight
-from sentemb_jax.data import tasks as data_tasks
-from sentemb_jax.data.pipeline import InputPipeline
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.training.config import DataConfig
 
@@ -16,6 +15,10 @@ def data_summary(tokenizer_dir: str = gin.REQUIRED, data: DataConfig = gin.REQUI
     seed). Every task is this job's: a missing file of any (all named at once) stops it before any
     is read."""
     preflight.require_model_dir(tokenizer_dir, "sentemb_jax.data_summary", "tokenizer_dir")
+    require_tensorflow("sentemb_jax.data_summary (it shows each seqio task's batch)")
+    from sentemb_jax.data import tasks as data_tasks  # lazy: seqio / TensorFlow
+    from sentemb_jax.data.pipeline import InputPipeline  # lazy: seqio / TensorFlow
+
     names = data_tasks.register_tasks(tokenizer_dir=tokenizer_dir, data_dir=data.data_dir or default_data_dir(),
                                       require=True, **data.task_options())
     summary = {}

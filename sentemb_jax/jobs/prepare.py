@@ -3,14 +3,15 @@
     python -m sentemb_jax.main --gin_file=gin/runs/prepare_corpus.gin \
         --gin.INPUT="'raw/cqa-*.jsonl.gz'" --gin.OUTPUT="'/mnt/bucket/cqa'" [--gin.NUM_SHARDS=1024]
 
-Training reads the result with `register_tasks.files = {'commqa': OUTPUT}` (data.prepared).
+Training reads the result with `DataConfig.files = {'commqa': OUTPUT}` (data.prepared_corpus).
 """
 from __future__ import annotations
 
 import gin
 from sentemb_jax import validation as v
 from sentemb_jax.data import prepare as prep
-from sentemb_jax.data import tasks as data_tasks
+from sentemb_jax.data.kinds import file_spec
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.errors import DataError
 from sentemb_jax.preflight import require_model_dir
 
@@ -23,7 +24,7 @@ def prepare_corpus(inputs=gin.REQUIRED, output: str = gin.REQUIRED, kind: str = 
                    prefix: str | None = None, verify: bool = False, labels=None, tokenizer_dir: str | None = None,
                    max_length: int = 128) -> dict:
     """inputs: a path, a glob or a list of them (TSV / JSONL, optionally .gz, on any tf.io.gfile filesystem).
-    kind: which task's columns and rules (data.tasks.file_spec: commqa, nli_triples, nli_pairs, sts_pairs).
+    kind: which task's columns and rules (data.kinds.file_spec: commqa, nli_triples, nli_pairs, sts_pairs).
     num_shards: output shards (None: one per input file). worker: (k, n) - this run does shards j % n == k.
     labels: the label values kept (commqa: ('Good',), nli_pairs: ('entailment',)); None: the task's default.
     tokenizer_dir: also tokenize with this model's tokenizer (to max_length): training then reads ids, no
@@ -48,13 +49,15 @@ def prepare_corpus(inputs=gin.REQUIRED, output: str = gin.REQUIRED, kind: str = 
     v.require_int(max_length, SEL, "max_length", 3)
     if tokenizer_dir is not None:
         require_model_dir(tokenizer_dir, SEL, "tokenizer_dir")
+        require_tensorflow(f"{SEL}.tokenizer_dir (a corpus of ids, tokenised in-graph as the seqio route does)",
+                           instead="prepare a text corpus (tokenizer_dir=None) without it")
     if not (isinstance(worker, (tuple, list)) and len(worker) == 2 and all(isinstance(x, int) for x in worker)
             and 0 <= worker[0] < worker[1]):
         v.fail(worker, SEL, "worker", "must be (k, n) with 0 <= k < n")
     options = {}
     if labels is not None:
         options = {"commqa": {"commqa_labels": tuple(labels)}, "nli_pairs": {"nli_pair_labels": tuple(labels)}}.get(kind, {})
-    spec = data_tasks.file_spec(kind, "", binding=f"{SEL}.inputs", **options)
+    spec = file_spec(kind, "", binding=f"{SEL}.inputs", **options)
     try:
         manifest = prep.prepare(spec, inputs, output, num_shards, on_bad_row=on_bad_row, dedup=dedup, processes=processes,
                                 worker=tuple(worker), prefix=prefix or kind, kind=kind,

@@ -309,7 +309,7 @@ def _evaluate(kept: str, eval_dir: str, data_dir: str, transfer_tasks) -> dict:
     """The suite every rung gets: the STS table (STS12-16, STS-B test, SICK-R), transfer if asked."""
     if not os.path.isdir(kept):
         raise TrainingError(f"{kept}: the rung's train job kept no model (does its recipe evaluate STS-B dev "
-                            "and export the best tower? train.eval_every / train.export_dir)")
+                            "and export the best tower? EvalConfig.every / sentemb_jax.train.export_dir)")
     scores = {"sts": sts_scores(kept, eval_dir, data_dir)}
     if transfer_tasks:
         validation.require_choices(transfer_tasks, TRANSFER_TASKS, SELECTOR, "transfer_tasks")

@@ -35,7 +35,6 @@ import numpy as np
 
 from sentemb_jax import losses
 from sentemb_jax import validation as v
-from sentemb_jax.data.tasks import sentence_texts, sentence_views, view_texts
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.methods import instance_queue
 from sentemb_jax.methods.ensemble import EnsembleEncoder
@@ -197,30 +196,31 @@ class QueueDistill(Method):
             self.student_head(context.student.get_sentence_embedding_dimension())
         if not (self.needs_cached_teacher or self.queue_init == "data"):
             return
-        if self._teacher is None:
+        stand_in = context.abstract and self.kind == "ensemble"  # timing / compile: an ensemble of the student's width
+        if self._teacher is None and not stand_in:
             raise ValueError(f"{type(self).__name__}: no teacher (the ensemble_distill job gives the student its "
                              "submodels; elsewhere set its teacher)")
-        if context.abstract or context.task is None:
-            dim = self._teacher.get_sentence_embedding_dimension()
+        if context.abstract or context.source is None:
+            dim = (self._teacher or context.student).get_sentence_embedding_dimension()
             self._rows = random_rows(np.random.default_rng(context.seed), (_ABSTRACT_ROWS, dim))
             if self.kind == "sct_distill":
                 self._rows2 = self._rows
             return
-        task = context.task
-        sentences = sentence_texts(task)  # read once: both views are made from them
-        texts = view_texts(task, 0, sentences)
+        source = context.source
+        sentences = source.texts()  # read once: both views are made from them
+        texts = source.view_texts(0, sentences)
         if texts is None:
             raise ValueError(f"{type(self).__name__}: the teacher's view1 embeddings are computed once, so view1 must be "
-                             f"the same in every epoch; task {task!r} draws it anew ({sentence_views(task)[0][0]!r}). "
-                             "Use 'none', 'fixed:<augmentation>', 'neighbour' or 'column:<name>' (DataConfig.views)")
+                             f"the same in every epoch; {source.name} draws it anew ({source.views[0]!r}). Use 'none', "
+                             "'fixed:<augmentation>', 'neighbour' or 'column:<name>' (DataConfig.views)")
         self._rows = cached_teacher_embeddings(self._teacher, texts, self.cache_dir, self.teacher_batch_size)
         if self.kind == "sct_distill":
-            texts2 = view_texts(task, 1, sentences)
+            texts2 = source.view_texts(1, sentences)
             if texts2 is not None:
                 self._rows2 = cached_teacher_embeddings(self._teacher, texts2, self.cache_dir, self.teacher_batch_size)
             else:
                 log.info("SCT distillation: view2 %r is drawn anew each epoch: the teacher embeds it in every step "
-                         "(a 'fixed:' view is embedded once)", sentence_views(task)[0][1])
+                         "(a 'fixed:' view is embedded once)", source.views[1])
 
     # -------------------------------------------------------------- the state and the batch
 

@@ -10,9 +10,10 @@ import os
 
 from sentemb_jax import partitioning
 from sentemb_jax import validation as v
-from sentemb_jax.data.tasks import register_tasks
+from sentemb_jax.data.sources import seqio_route_reason, task_specs
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import transformer_dir_of
-from sentemb_jax.errors import DataError, TrainingError
+from sentemb_jax.errors import DataError
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.preflight import require_dir, require_model_dir
 from sentemb_jax.training.config import RunConfig
@@ -63,10 +64,9 @@ def check_inputs(config: RunConfig, method, devices=None) -> None:
     if not data.data_dir and not os.path.isdir(data_dir):
         raise DataError(f"{data_dir}: no such data directory (DataConfig.data_dir unset: $SENTEMB_DATA_DIR, else "
                         "../shared/data)")
-    names = register_tasks(tokenizer_dir=None, data_dir=data_dir, **data.task_options())  # names only: nothing read
-    if data.task not in names:
-        raise TrainingError(f"DataConfig.task {data.task!r} unknown; registered: {sorted(names)}")
-    register_tasks(tokenizer_dir=None, data_dir=data_dir, require=(data.task,), **data.task_options())
+    task_specs(data, data_dir)  # the task's files: they exist (nothing read)
+    if data.route == "seqio":
+        require_tensorflow(*seqio_route_reason(data))
     if config.evaluation.every:
         dev = os.path.join(data_dir, "stsb", "dev.tsv")
         if not os.path.isfile(dev):

@@ -18,10 +18,11 @@ import dataclasses
 from typing import Any, Mapping
 
 from sentemb_jax import validation as v
-from sentemb_jax.data.kinds import check_task_options
+from sentemb_jax.data.kinds import MIXTURES, check_task_options
 from sentemb_jax.pooling import POOLING_MODES, check_pooling_modes
 
 API = "sentemb_jax"
+READERS = ("auto", "numpy", "seqio")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 
 
@@ -106,7 +107,11 @@ class DataConfig:
     same_length: every side of a batch padded to one bucket; pack: every text laid end to end in
       rows of sequence_length (2-3x fewer tokens, same loss); fixed_padding: every text padded to
       sequence_length (None: on with several processes, whose parts must have one shape).
-    The rest are the file readers' rules (data.tasks.register_tasks)."""
+    reader: 'numpy' - files and prepared corpora read without TensorFlow, tokenised by the model's
+      Hugging Face tokenizer (data.reader); 'seqio' - seqio tasks with in-graph tokenisation (needs
+      TensorFlow; mixtures); 'auto' - numpy, seqio for a mixture. The two give the same batches but
+      for augmented views, whose words numpy draws (docs/data.md).
+    The rest are the file readers' rules (data.sources, data.tasks)."""
 
     task: str = "nli_triples"
     batch_size: int = 64
@@ -128,9 +133,11 @@ class DataConfig:
     sts_score_range: tuple[float, float] = (0.0, 5.0)
     window_shards: int = 16
     on_bad_shard: str = "error"
+    reader: str = "auto"
 
     def __post_init__(self):
         api = _api(DataConfig)
+        v.require_choice(self.reader, READERS, api, "reader")
         if not isinstance(self.task, str) or not self.task:
             v.fail(self.task, api, "task", "must be a task name (a string, e.g. 'nli_triples')")
         v.check_batch_size(self.batch_size, api)
@@ -152,6 +159,13 @@ class DataConfig:
         if isinstance(self.files, Mapping):
             object.__setattr__(self, "files", _frozen_mapping({k: tuple(x) if isinstance(x, list) else x
                                                               for k, x in self.files.items()}))
+
+    @property
+    def route(self) -> str:
+        """The input route this config reads through ('numpy' or 'seqio')."""
+        if self.reader != "auto":
+            return self.reader
+        return "seqio" if self.task in MIXTURES else "numpy"
 
     def task_options(self) -> dict:
         """register_tasks' keyword arguments for these files and views."""

@@ -28,13 +28,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
-from tensorboardX import SummaryWriter
 
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import Preempted, TrainingError, UndefinedScoreError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.paths import is_remote
-from sentemb_jax.run_dir import CHECKPOINTS, TENSORBOARD, run_path
+from sentemb_jax.run_dir import CHECKPOINTS, TENSORBOARD, run_path, tensorboard_writer
 from sentemb_jax.training import faults, run_record
 from sentemb_jax.training.preemption import StopSignals
 
@@ -87,7 +86,7 @@ class MetricsWriter:
     """TensorBoard event files (tensorboardX) plus one JSON line per logged step in metrics.jsonl."""
 
     def __init__(self, model_dir: str, jsonl_path: str):
-        self._writer = SummaryWriter(run_path(model_dir, TENSORBOARD))  # gs:// works (google-cloud-storage)
+        self._writer = tensorboard_writer(run_path(model_dir, TENSORBOARD))  # gs:// works (google-cloud-storage)
         self._path = jsonl_path
         self._lines: list[str] | None = None  # a bucket has no append: the whole file is rewritten
 
@@ -154,7 +153,7 @@ class RunState:
 
     def __init__(self, state, model_dir: str, batches, schedule: Schedule, manager, *, keeper=None, writer=None,
                  evaluator=None, bar=None, batch_size: int = 1, skip_nonfinite: int = 0,
-                 skip_setting: str = "train.skip_nonfinite", resumed: dict | None = None):
+                 skip_setting: str = "RunConfig.skip_nonfinite", resumed: dict | None = None):
         resumed = resumed or {}
         self.state, self.model_dir, self.batches, self.schedule, self.manager = state, model_dir, batches, schedule, manager
         self.keeper, self.writer, self.evaluator, self.bar = keeper, writer, evaluator, bar
@@ -260,7 +259,11 @@ class RunState:
             raise Preempted(signum, self.step, run_path(self.model_dir, CHECKPOINTS))
 
     def close(self) -> None:
-        """After the loop, however it ended: no checkpoint write left half done."""
+        """After the loop, however it ended: no checkpoint write left half done, the input's
+        iterator closed (its prefetch thread / tf.data iterator released now, not at exit)."""
+        close_iterator = getattr(self.iterator, "close", None)
+        if close_iterator is not None:
+            close_iterator()
         if self.bar is not None:
             self.bar.close()
         self.manager.wait_until_finished()

@@ -52,13 +52,14 @@ class TrainState:
 @dataclasses.dataclass
 class MethodContext:
     """What `Method.prepare` may use. student: the SentenceEncoder being trained (params None in a
-    compile-only run); task: the registered task name (None when the job brings its own batches or
-    nothing is read); abstract: shapes only - no data read, no teacher run."""
+    compile-only run); source: the run's batch source (None when the job brings its own batches or
+    nothing is read) - its `texts()`, `view_texts(i)` and `views` say what a sentences task holds;
+    abstract: shapes only - no data read, no teacher run."""
 
     student: Any
     sequence_length: int
     seed: int
-    task: str | None = None
+    source: Any = None
     abstract: bool = False
 
 

@@ -6,7 +6,7 @@ packing, the method (the contrastive or distillation config) and a fingerprint o
 file the task reads (size and a hash of its first and last MiB). A rerun of the same MODEL_DIR
 whose configuration differs is refused with every difference listed - a changed model, batch,
 method or data would otherwise continue silently or fail with a shape traceback - unless
-`train.allow_config_change=True`; then the new configuration is recorded. What may change
+`CheckpointConfig.allow_config_change=True`; then the new configuration is recorded. What may change
 between restarts is left out: num_steps, time budget, evaluation and checkpoint intervals.
 
 Damaged checkpoints: `restore_newest_good` restores the newest checkpoint that reads back; each
@@ -97,12 +97,12 @@ def check_resume(model_dir: str, now: dict, allow_change: bool, error) -> None:
     if not changed:
         return
     if allow_change:
-        log.warning("resuming %s with a changed configuration (train.allow_config_change=True): %s",
+        log.warning("resuming %s with a changed configuration (CheckpointConfig.allow_config_change=True): %s",
                     model_dir, "; ".join(changed))
         return
     raise error(f"MODEL_DIR {model_dir} was trained with another configuration; it differs in: "
                 + "; ".join(changed) + ". Rerun with the run's configuration, use a new MODEL_DIR, or set "
-                "train.allow_config_change=True to resume anyway")
+                "CheckpointConfig.allow_config_change=True to resume anyway")
 
 
 def write(model_dir: str, now: dict) -> None:

@@ -26,11 +26,14 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from sentemb_jax import partitioning
+from sentemb_jax.data import reader
 from sentemb_jax.data.packing import pack_batch
+from sentemb_jax.data.sources import seqio_route_reason
+from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
 from sentemb_jax.errors import TrainingError
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.tokenization import Tokenizer
+from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
 from sentemb_jax.training import sharded
 from sentemb_jax.training.config import RunConfig, TowerConfig
 from sentemb_jax.training.method import Method, MethodContext, TrainState, random_rows
@@ -175,12 +178,11 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
         model = load_tower(config.model, config.data.sequence_length, tokenizer=not abstract)
     task = None
     if batches is None and not abstract:
-        from sentemb_jax.data import pipeline  # lazy: seqio / TensorFlow, only for a run that reads its task
-
-        task = pipeline.register_task(config.data, _tokenizer_dir(config.model, model))
+        batches = _input(config, model, fixed_padding)
+        task = batches.task
     is_tower = isinstance(model, SentenceEncoder)
     method.prepare(MethodContext(student=model, sequence_length=config.data.sequence_length, seed=config.data.seed,
-                                 task=task, abstract=abstract))
+                                 source=batches if task else None, abstract=abstract))
     if is_tower:
         model = with_head(model, method.student_head(model.get_sentence_embedding_dimension()), config.data.seed)
     module = model.module
@@ -196,10 +198,7 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
     step_fn = sharded.jit_train_step(step, shardings, mesh, config.skip_nonfinite > 0,
                                      batch_sharding="data" if batches is None else None,
                                      matmul_precision=config.matmul_precision)
-    pad_id = int(model.tokenizer.pad_id) if getattr(model, "tokenizer", None) is not None else 0
-    if batches is None and not abstract:
-        batches = pipeline.task_pipeline(task, config.data, fixed_padding)
-        pad_id = batches.pad_id
+    pad_id = int(batches.pad_id) if task else int(model.tokenizer.pad_id) if getattr(model, "tokenizer", None) else 0
     return Run(config, method, mesh, model, module, optimizer, abstract_state, shardings, step_fn, batches, task, pad_id,
                width, extra_params, extra_state, fixed_padding)
 
@@ -256,6 +255,24 @@ def with_head(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceE
     fresh = module.init(jax.random.PRNGKey(seed), _INIT_IDS, _INIT_IDS)["params"]
     return SentenceEncoder(module, {**encoder.params, "projection": nn.meta.unbox(fresh)["projection"]},
                            encoder.tokenizer, encoder.hf_config)
+
+
+def _input(config: RunConfig, model, fixed_padding: bool):
+    """This process's part of each global batch of the config's task, through its input route
+    (DataConfig.route): the TensorFlow-free reader, or the seqio pipeline."""
+    data, processes = config.data, jax.process_count()
+    shard = (jax.process_index(), processes) if processes > 1 else None
+    buckets = (data.sequence_length,) if fixed_padding else TRAIN_BUCKETS
+    if data.route == "numpy":
+        own = getattr(model, "tokenizer", None)
+        tokenizer = (own if own is not None and not (config.model and config.model.tokenizer_dir)
+                     else Tokenizer.from_pretrained(_tokenizer_dir(config.model, model), max_length=data.sequence_length))
+        return reader.numpy_batches(data, tokenizer, shard, buckets, data.same_length or fixed_padding)
+    require_tensorflow(*seqio_route_reason(data))
+    from sentemb_jax.data import pipeline  # lazy: seqio / TensorFlow, only for the seqio route
+
+    task = pipeline.register_task(data, _tokenizer_dir(config.model, model))
+    return pipeline.task_pipeline(task, data, fixed_padding)
 
 
 def _tokenizer_dir(tower: TowerConfig | None, model) -> str | None:

@@ -28,7 +28,6 @@ import orbax.checkpoint as ocp
 from etils import epath
 from tqdm.auto import tqdm
 
-from sentemb_jax.data.tasks import task_files
 from sentemb_jax.distributed import is_primary
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import TrainingError
@@ -170,8 +169,9 @@ def _run_record(run: Run) -> dict:
     return run_record.operative_config(
         model=model, task=data.task if run.task else None, batch_size=data.batch_size, sequence_length=data.sequence_length,
         seed=data.seed, pack=data.pack, fixed_padding=run.fixed_padding, prng_impl=config.prng_impl,
-        data_options=record_of(data.task_options()) if run.task else None, method=run.method.record(),
-        data_files=task_files(run.task) if run.task else [])
+        data_options=record_of(data.task_options()) if run.task else None, input_route=data.route if run.task else None,
+        method=run.method.record(),
+        data_files=run.batches.data_files() if run.task else [])
 
 
 def _params_from_run(run_dir: str, restore_target):

@@ -1,0 +1,8 @@
+"""A host without TensorFlow, for the Python processes whose PYTHONPATH starts with this folder
+(run_utils.without_tensorflow): Python loads this module at start-up, and from then on importing
+tensorflow, tensorflow_text, seqio or tensorflow_datasets raises ImportError (and
+importlib.util.find_spec says they are not installed), as where they were never installed."""
+import sys
+
+for _name in ("tensorflow", "tensorflow_text", "seqio", "tensorflow_datasets"):
+    sys.modules[_name] = None
