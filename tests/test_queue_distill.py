@@ -303,8 +303,9 @@ def test_sct_jobs_run_two_queues_and_a_projector(tiny, tmp_path, data_dir, gin_f
 
 
 def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypatch, capsys):
-    """A NaN in the 5th batch (its teacher embeddings): by default the job stops at step 5 naming the
-    batch's source lines, the last checkpoint (step 3) intact and finite; with
+    """A NaN in the 5th batch (its teacher embeddings): by default the job stops - found at step 6,
+    the next point that reads the device - naming step 5 and the batch's source lines, the last
+    checkpoint (step 3) intact and finite and nothing of steps 5-6 saved; with
     RunConfig.skip_nonfinite=1 the batch is skipped (state unchanged), counted, and the run finishes.
     A cache file holding NaN rows is refused when read."""
     from sentemb_jax import main as runner
@@ -335,13 +336,15 @@ def test_nonfinite_batch_stops_or_is_skipped(tiny, tmp_path, data_dir, monkeypat
             "--gin.sentemb_jax.EvalConfig.every=None", "--gin.sentemb_jax.CheckpointConfig.every=3",
             "--gin.sentemb_jax.RunConfig.log_every=1", "--gin.sentemb_jax.ConGen.queue_size=40",
             f"--gin.sentemb_jax.ConGen.cache_dir='{root / 'cache'}'"]
-    out = tmp_path / "stop"
-    assert runner.main(args + [f"--gin.MODEL_DIR='{out}'"]) == 1
+    out = tmp_path / "stop"  # logging every 4 steps: the flag of step 5 is read at step 6's checkpoint
+    late = [a.replace("log_every=1", "log_every=4") for a in args]
+    assert runner.main(late + [f"--gin.MODEL_DIR='{out}'"]) == 1
     err = capsys.readouterr().err
     assert "non-finite loss / gradient" in err and "at step 5; batch from" in err and where in err, err[-2000:]
     assert "last checkpoint: step 3" in err
     manager = ocp.CheckpointManager(str(out / "checkpoints"))
     assert manager.latest_step() == 3
+    assert [json.loads(line)["step"] for line in open(out / "metrics.jsonl")] == [4]  # step 4 logged, nothing later
     state = manager.restore(3, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(state))
 

@@ -9,6 +9,14 @@ Trans-Encoder's phases (`methods.trans_encoder.fit_phase`). A caller gives it
 * a `Schedule` (when each action runs), a jitted step `(state, batch, rng) -> (state, metrics with
   'loss', 'grad_norm', 'finite')` and the function that turns a source batch into the step's batch.
 
+The host does not wait for the device between steps: it counts steps itself, and the steps' finite
+flags stay on the device until a point that reads the state anyway - logging, evaluation, a
+checkpoint, a stop signal, the last step - where they are read in one transfer (`check_finite`).
+So while step N runs, the host reads, packs and places batch N+1 (JAX dispatches asynchronously);
+a non-finite step stops the job at most `log_every` steps late, still naming its batch's source
+lines, and before anything is evaluated or saved. Only `skip_nonfinite > 0` (a bad batch is skipped
+and the next one must start from the state before it) reads the flag after every step.
+
 A batch source iterates batches and has `state_dict()` / `load_state_dict()` (its position),
 `name` and `describe(batch)` (where a batch came from, for the non-finite error): `data.pipeline.InputPipeline`
 for seqio tasks, `methods.trans_encoder.PairBatches` for pseudo-labelled pairs.
@@ -168,10 +176,10 @@ class RunState:
         self.metrics: dict = {}
         self.bad_in_a_row = 0
         self.tick = time.perf_counter()
-
-    @property
-    def step(self) -> int:
-        return int(self.state.step)
+        # The host's step count: reading state.step would wait for the step under way.
+        self.step = int(state.step)
+        # (step, its metrics on the device, its source batch) of the steps whose finite flag is unread.
+        self.unchecked: list[tuple[int, dict, dict]] = []
 
     def out_of_time(self) -> bool:
         return budget_spent(self.train_seconds, self.schedule.time_budget_s)
@@ -182,28 +190,50 @@ class RunState:
         except StopIteration:
             raise TrainingError(f"{self.batches.name} ran out of data at step {self.step}") from None
 
-    def accept(self, state, out: dict, batch: dict, started: float, before: int) -> bool:
-        """Take the step's state; False for a non-finite loss / gradient (the state is then the one
-        before: the batch is skipped and counted, or the job stops when skip_nonfinite allows no
-        more bad batches in a row). `before`: the step the state was at."""
+    def accept(self, state, out: dict, batch: dict, started: float) -> bool:
+        """Take the step's state without waiting for it. With skip_nonfinite > 0 the finite flag is
+        read now: False for a non-finite loss / gradient (the state is then the one before: the
+        batch is skipped and counted, or the job stops when no more bad batches in a row are
+        allowed); otherwise the flag is kept for `check_finite`."""
         self.state = state
-        if not bool(out["finite"]):
-            where = self.batches.describe(batch)
-            what = f"non-finite loss / gradient (loss {float(out['loss'])}, grad norm {float(out['grad_norm'])})"
+        if self.skip_nonfinite and not bool(out["finite"]):
             self.bad_in_a_row += 1
             if self.bad_in_a_row > self.skip_nonfinite:
-                why = f"{self.bad_in_a_row} bad batches in a row, {self.skip_setting}={self.skip_nonfinite}" \
-                    if self.skip_nonfinite else f"{self.skip_setting}=N skips up to N bad batches in a row"
-                raise TrainingError(f"{what} at step {before + 1}; batch from {where}. Nothing of this step was "
-                                    f"saved (last checkpoint: step {self.manager.latest_step()}) ({why})")
+                self._stop_nonfinite(self.step + 1, out, batch)
             self.skipped += 1
-            log.warning("skipped batch %d (%s at step %d; state unchanged): %s", self.skipped, what, before + 1, where)
+            log.warning("skipped batch %d (%s at step %d; state unchanged): %s", self.skipped, _nonfinite(out),
+                        self.step + 1, self.batches.describe(batch))
             self.train_seconds += time.perf_counter() - started
             return False
         self.bad_in_a_row = 0
+        self.step += 1
+        if not self.skip_nonfinite:
+            self.unchecked.append((self.step, out, batch))
         self.tokens += real_tokens(batch)
         self.train_seconds += time.perf_counter() - started
         return True
+
+    def check_finite(self) -> None:
+        """Reads the finite flags of the steps since the last check in one transfer (the wait for
+        those steps counts as training time); the first non-finite one stops the job, naming its
+        batch's sources, before anything of it is logged, evaluated or saved."""
+        if not self.unchecked:
+            return
+        started = time.perf_counter()
+        flags = jax.device_get([out["finite"] for _, out, _ in self.unchecked])
+        self.train_seconds += time.perf_counter() - started
+        unchecked, self.unchecked = self.unchecked, []
+        for (step, out, batch), finite in zip(unchecked, flags):
+            if not finite:
+                self._stop_nonfinite(step, out, batch)
+
+    def _stop_nonfinite(self, step: int, out: dict, batch: dict) -> None:
+        if self.skip_nonfinite:
+            why = f"{self.bad_in_a_row} bad batches in a row, {self.skip_setting}={self.skip_nonfinite}"
+        else:
+            why = f"{self.skip_setting}=N skips up to N bad batches in a row"
+        raise TrainingError(f"{_nonfinite(out)} at step {step}; batch from {self.batches.describe(batch)}. Nothing "
+                            f"of this step was saved (last checkpoint: step {self.manager.latest_step()}) ({why})")
 
     def log(self, out: dict) -> None:
         out = {k: float(v) for k, v in jax.device_get(out).items() if k != "finite"}
@@ -273,6 +303,10 @@ class RunState:
             self.writer.close()
 
 
+def _nonfinite(out: dict) -> str:
+    return f"non-finite loss / gradient (loss {float(out['loss'])}, grad norm {float(out['grad_norm'])})"
+
+
 def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, context=None) -> None:
     """The loop: a step, then the periodic actions (log, evaluate, write metrics, checkpoint, stop
     on a signal) as `run.schedule` says. `device_batch` turns a source batch into the step's batch
@@ -289,25 +323,28 @@ def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, 
             while run.step < sched.num_steps and not run.out_of_time():
                 started = time.perf_counter()
                 batch = run.next_batch()
-                before = run.step
-                state, out = step_fn(run.state, device_batch(batch), rng)  # donates run.state
-                if not run.accept(state, out, batch, started, before):  # waits for the step
+                state, out = step_fn(run.state, device_batch(batch), rng)  # donates run.state; returns at once
+                if not run.accept(state, out, batch, started):
                     continue
                 step, out_of_time = run.step, run.out_of_time()
                 last = step == sched.num_steps or out_of_time
-                if step % sched.log_every == 0 or last:
-                    run.log(out)
+                logged = step % sched.log_every == 0 or last
                 evaluated = bool(run.evaluator) and (step % sched.eval_every == 0 or last)
+                saved = step % sched.checkpoint_every == 0 or last or (evaluated and sched.checkpoint_at_eval)
+                signum = stop_signals.requested()
+                if logged or evaluated or saved or signum:  # each reads the state: the flags first
+                    run.check_finite()
+                if logged:
+                    run.log(out)
                 if evaluated:
                     run.evaluate(out)
                 run.write_metrics()
-                saved = step % sched.checkpoint_every == 0 or last or (evaluated and sched.checkpoint_at_eval)
                 if saved:
                     run.save()
                 if run.bar is not None:
                     run.bar.update(1)
                 faults.after_step(step, run.manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
-                run.stop_if_requested(stop_signals.requested(), saved)
+                run.stop_if_requested(signum, saved)
                 if out_of_time:
                     log.info("time budget of %.0f s of training reached at step %d", sched.time_budget_s, step)
                     break
