@@ -1,14 +1,14 @@
 #!/bin/bash
-# Issue 33 on a lent machine's CPU: every encode / training row of docs/RESULTS.md in one call, as
+# On another machine's CPU: every encode / training row of docs/RESULTS.md in one call, as
 # jobs side by side on distinct 2-core pairs (taskset), each alternating its rows round by round.
 #
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-#       -d /tmp/ov openvino==2026.4.0                           # the lent machines' python3 is 3.12
+#       -d /tmp/ov openvino==2026.4.0                           # the other machine's python3 is 3.12
 #   python -m sentemb_jax.benchmarks.portable_kit pack --out .devcarry/kit --store_bfloat16 \
 #       --openvino /tmp/ov/openvino-2026.4.0-*.whl
 #   pip download --no-deps -d .devcarry/kit/whl jax2onnx==0.17.1 gin-config==0.5.0 tensorboardX==2.6.5
-#   # then, on the lent machine (the `run` tool: carry [".devcarry/kit"], timeout_s 560):
-#   bash lab/cpu_lease.sh .devcarry/kit
+#   # then, on the other machine (the kit copied beside the checkout):
+#   bash lab/cpu_benchmarks.sh .devcarry/kit
 #
 # The kit's weights are all-MiniLM-L6-v2 rounded to bfloat16 (so that OpenVINO fits the 64 MiB
 # transfer): speed rows are those of the exact model; quality is not (STS-B test float32 82.04
@@ -17,8 +17,8 @@
 # the last lines of each are printed. jax2onnx 0.17.1 is for a machine with jax 0.11.2 (our pin,
 # 0.13.0, fails there). QUICK=1: one round each, one job after another (a dry run of every command).
 set -u
-KIT=${1:?usage: cpu_lease.sh KIT}
-OUT=${OUT:-/tmp/out}; L=/tmp/lease_logs; SITE=/tmp/lease_site; M=/tmp/lease_model
+KIT=${1:?usage: cpu_benchmarks.sh KIT}
+OUT=${OUT:-/tmp/out}; L=/tmp/kit_logs; SITE=/tmp/kit_site; M=/tmp/kit_model
 mkdir -p "$OUT"; rm -rf $L $SITE $M; mkdir -p $L $SITE
 T=${JOB_TIMEOUT:-450}
 if [ -n "${QUICK:-}" ]; then r5=1 r3=1; BG=; else r5=5 r3=3; BG="&"; fi

@@ -1,5 +1,5 @@
 """Which XLA:CPU library runs a model's matrix products under each set of XLA flags, and how fast,
-beside torch's product of the same shapes on the same cores (issue 33: the machines differ).
+beside torch's product of the same shapes on the same cores (the machines differ).
 
     python -m lab.xla_dot_probe                  # MiniLM's products, FLAG_SETS
     python -m lab.xla_dot_probe --flags= --flags=--xla_cpu_use_onednn=true \\

@@ -1,7 +1,7 @@
 """Run one of our modules in a child Python process, and name the signal when it dies on one.
 
 The TPU compiler (libtpu 0.0.42) dies on a signal for some shapes (a stack overflow on its own
-threads, docs/SCALING.md). Tools that compile many configs run each compile in a child, so one
+threads, docs/scale.md). Tools that compile many configs run each compile in a child, so one
 crash names its config, keeps its output in a file, and the others are still compiled."""
 from __future__ import annotations
 

@@ -214,7 +214,7 @@ class SentenceEncoder(contract.ModelSettings):
         self._embed_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, packing=a["packing"]))
         # encode's batching: True (default), texts packed end to end in rows (sentemb_jax.inference):
         # the padded path's embeddings within 1e-5, fewer token slots, faster on every CPU measured
-        # (docs/RESULTS.md, issue 33); False, length-sorted batches padded to a bucket.
+        # (docs/RESULTS.md); False, length-sorted batches padded to a bucket.
         self.packed = True
         self._tokens = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden))
 

@@ -27,7 +27,7 @@ from sentemb_jax.tokenization import DEFAULT_BUCKETS, bucket_length
 # Chosen by encode speed of all-MiniLM-L6-v2 on STS-B test (AMD EPYC, 2 cores, batch 64, sent/s):
 # rows of 64 beat rows of 128 (less attention across the row) and blocks of 1536 slots beat 4096
 # (activations that stay in cache): 64 / 24 488, 48 / 16 481, 64 / 16 436-460, 128 / 32 384,
-# 128 / 64 303, padded 423 (docs/RESULTS.md, issue 33).
+# 128 / 64 303, padded 423 (docs/RESULTS.md).
 PACK_ROW_LENGTH = 64
 TOKENS_PER_TEXT = 24
 TEXTS_PER_BATCH_TEXT = 4
@@ -37,7 +37,7 @@ class DeviceParams:
     """The `params` attribute of an inference model (SentenceEncoder, CrossEncoder), held on the
     device: the host (numpy) leaves of a tree assigned to it are put on the default device once.
     A jitted call given numpy arrays copies each of them to the device on every call: for MiniLM
-    its 103 leaves per block, 8-12% of encode time on 2 cores (docs/RESULTS.md, issue 33). Leaves
+    its 103 leaves per block, 8-12% of encode time on 2 cores (docs/RESULTS.md). Leaves
     already on devices (a trained, possibly sharded state) stay where they are, and a tree with
     no host leaf is kept as it is (the very same containers)."""
 
@@ -57,7 +57,7 @@ def params_for_compute(obj):
     """`obj.params` (a SentenceEncoder / CrossEncoder) as its jitted calls take them: with a compute
     dtype narrower than the weights (dtype="bfloat16"), the backbone's Dense kernels already in that
     dtype. The Dense layers cast them on use; done in every call, the casts were 13% of a bf16
-    MiniLM encode on 2 cores (issue 33). Same values; made once per params tree (a new assignment
+    MiniLM encode on 2 cores. Same values; made once per params tree (a new assignment
     is a new tree) and kept beside it (MiniLM: +44 MiB); `params` itself stays as loaded, for saving
     and export."""
     dtype = jnp.dtype(obj.module.backbone_config.dtype)
@@ -78,7 +78,7 @@ def compile_instead_of_run(jitted) -> Callable:
     """A stand-in for the jitted function `jitted` when warming up: it compiles for its arguments'
     shapes and returns zeros of the output's shape instead of running. jit's caches then hold the
     executable, so a later call with those shapes compiles nothing. Running the dummy batches was
-    72% of MiniLM's warm_up(64) (docs/RESULTS.md, issue 33)."""
+    72% of MiniLM's warm_up(64) (docs/RESULTS.md)."""
     def call(*args):
         out = jitted.lower(*args).compile().out_info
         return jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), out)

@@ -1,4 +1,4 @@
-"""A quiet console (issue 25): a job prints our own lines only; library INFO (orbax / absl /
+"""A quiet console: a job prints our own lines only; library INFO (orbax / absl /
 TensorFlow / XLA) and the gin context of an error go to MODEL_DIR/run.log; `--verbosity=2` brings
 library INFO back to the console; the error is the last line printed, exit 1 (2 for bad config)."""
 import os

@@ -1,4 +1,4 @@
-"""Ensemble distillation (issue 8): the weighting, the combined loss against hand-computed values,
+"""Ensemble distillation: the weighting, the combined loss against hand-computed values,
 the ensemble encoder, junk cleaning, and a tiny end-to-end run of the gin job."""
 import json
 import os

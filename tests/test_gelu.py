@@ -1,6 +1,6 @@
 """models.common.gelu_erf, our exact GELU ("gelu" in HF configs: BERT, MiniLM): torch's formula
 x/2 (1 + erf(x/sqrt 2)) rather than jax.nn.gelu's erfc form, which XLA:CPU computes with an exp and
-both erfc branches (2.5x the time; issue 33)."""
+both erfc branches (2.5x the time)."""
 from __future__ import annotations
 
 import jax
@@ -48,7 +48,7 @@ def test_erf_rational_is_erf():
 
 def test_its_derivative_is_the_normal_cdf_plus_x_times_the_normal_pdf():
     """The custom JVP (cdf + x pdf, torch's backward), not autodiff through the erf polynomial: 1.9%
-    faster MiniLM train steps on the AMD EPYC (docs/RESULTS.md, issue 33), and exact beyond the clip."""
+    faster MiniLM train steps on the AMD EPYC (docs/RESULTS.md), and exact beyond the clip."""
     from scipy.stats import norm
 
     grad = np.asarray(jax.jit(jax.grad(lambda x: gelu_erf(x).sum()))(X), np.float64)
@@ -63,7 +63,7 @@ def test_its_derivative_is_the_normal_cdf_plus_x_times_the_normal_pdf():
 
 def test_bfloat16_is_computed_in_float32_and_rounded_once_as_torch_does():
     """A bf16 x: the float32 GELU of x rounded to bf16 once, which is torch's bf16 GELU. Rounding
-    after each operation (XLA's bf16 elementwise) cost 27% of a bf16 MiniLM encode (issue 33)."""
+    after each operation (XLA's bf16 elementwise) cost 27% of a bf16 MiniLM encode."""
     x = jnp.asarray(X).astype(jnp.bfloat16)
     ours = jax.jit(gelu_erf)(x)
     assert ours.dtype == jnp.bfloat16

@@ -1,4 +1,4 @@
-"""Data that is not there stops the job, and only that data (issue 25, item 3).
+"""Data that is not there stops the job, and only that data.
 
 Every job checks what it will read before any work: a DATA_DIR, MODEL_PATH, SICKR_TEST_PATH or
 task file that does not exist is an `error:` line naming it and the gin binding that set it (exit

@@ -192,7 +192,7 @@ def test_the_openvino_archive_runs_an_onnx_model_on_the_cpu_without_what_it_left
 
 def test_the_openvino_archive_from_a_wheel_names_its_python_and_bad_sources_are_refused(tmp_path):
     """`--openvino WHEEL` packs another Python's openvino (the lent machines run 3.12, this one
-    3.11: the fifth Xeon lease's first call failed on it): the archive holds the wheel's package
+    3.11: a Xeon host's first run failed on it): the archive holds the wheel's package
     less OPENVINO_UNUSED, and pack_openvino returns the Python its extension was built for. A file
     that is not a wheel, a wheel without openvino/, or one without the compiled extension is a
     ConfigError naming it, and pack refuses a missing wheel before writing anything."""

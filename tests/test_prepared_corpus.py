@@ -1,4 +1,4 @@
-"""Input at pod scale (issue 29): globs, gzip and remote paths; the preparation command; the prepared
+"""Input at pod scale: globs, gzip and remote paths; the preparation command; the prepared
 corpus's order, host coverage, exact resume, and damaged shards."""
 import gzip
 import itertools

@@ -1,4 +1,4 @@
-"""Robustness (issue 10): kill -9 at five moments (one mid checkpoint write) then exact resume;
+"""Robustness: kill -9 at five moments (one mid checkpoint write) then exact resume;
 environment errors before the first step; bad encode() inputs; fuzzing of the tokenisation paths
 with random Unicode (surrogates and control characters included). docs/ROBUSTNESS.md lists every
 bad input with its message and exit code (`python -m lab.experiments.robustness_table`)."""

@@ -240,7 +240,8 @@ def test_tpu_ladder_parses_builds_and_compiles(monkeypatch):
     assert all(r["batch"] == 512 and r["length"] == 128 and r["num_steps"] == 10000 for r in built)
     # One TPU compile, the path the job takes before training: the Large rung (scanned layers; with
     # its gin file's model 1 libtpu 0.0.42 dies on a stack overflow here, hence the ladder's model 2).
-    # Every rung compiled by hand: docs/SCALING.md. The Base rung, unscanned, takes 4 min on 2 cores.
+    # Every rung compiled by hand: docs/scale.md, "Scaling studies" (the runs: docs/notes/scaling_log.md).
+    # The Base rung, unscanned, takes 4 min on 2 cores.
     (large,) = [r for r in ladder if r.name == "st5_large"]
     row = check_rungs([large], recipe, [], topology)["st5_large"]
     c = row["compiled"]

@@ -222,7 +222,7 @@ def _crashing_config(tmp_path, monkeypatch, when: str = "True") -> str:
 
 def test_a_compile_whose_process_crashes_is_named_and_the_others_still_compile(tmp_path, monkeypatch, capfd):
     """Each config compiles in its own process: one whose compiler dies on a signal (as libtpu's can,
-    docs/SCALING.md) gets a "not compiled" row naming the signal, with its mesh and batch (written
+    docs/scale.md) gets a "not compiled" row naming the signal, with its mesh and batch (written
     just before the compile) and a file holding its output; the next config still compiles; exit 1.
     The crash is placed by a gin file importing a module that makes the compile send SIGSEGV."""
     import json

@@ -1,4 +1,4 @@
-"""Issue 7's experiment: all-MiniLM-L6-v2 distilled into its first 3 layers on this CPU.
+"""The experiment: all-MiniLM-L6-v2 distilled into its first 3 layers on this CPU.
 
     python -m lab.experiments.queue_distill_minilm --out runs/qd [--runs congen l2 ...] [--rerun]
 

@@ -1,4 +1,4 @@
-"""Issue 5's learning check: a tiny T5 v1.1 dual encoder trained from random init on NLI.
+"""The learning check: a tiny T5 v1.1 dual encoder trained from random init on NLI.
 
     python -m lab.experiments.tiny_t5_from_scratch --out runs/tiny_t5_scratch [--minutes 30]
 

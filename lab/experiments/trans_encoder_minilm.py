@@ -1,4 +1,4 @@
-"""Issue 6's experiment: Trans-Encoder from all-MiniLM-L6-v2 (A) and from its first three layers (B).
+"""The experiment: Trans-Encoder from all-MiniLM-L6-v2 (A) and from its first three layers (B).
 
     python -m lab.experiments.trans_encoder_minilm --out runs/tenc [--runs self_B ...] [--cycles 1]
 

@@ -37,8 +37,9 @@ import seqio
 from sentemb_jax import hub
 from sentemb_jax.benchmarks.machine import cpu_description
 from sentemb_jax.data import prepare as prep
+from sentemb_jax.data.kinds import file_spec
 from sentemb_jax.data.pipeline import InputPipeline
-from sentemb_jax.data.tasks import file_spec, register_tasks
+from sentemb_jax.data.tasks import register_tasks
 
 GLOBAL_BATCH = 2048
 RAW_SHARDS = 8

@@ -1,7 +1,7 @@
 """Will a config's train step fit? Compile it ahead of time on a simulated mesh and read XLA's
 memory analysis - no weights are allocated (params, optimizer state and batch are abstract).
 
-    python -m sentemb_jax.benchmarks.memory_check                    # the table of docs/SCALING.md
+    python -m sentemb_jax.benchmarks.memory_check                    # the 3B and 11B configs (docs/scale.md)
     python -m sentemb_jax.benchmarks.memory_check --configs gin/st5_3b.gin --devices 8
 
 Each config is compiled exactly as `sentemb_jax.main` would run it: its gin file (mesh, fsdp,
@@ -23,7 +23,8 @@ import sys
 
 from sentemb_jax.benchmarks.aot import train_program
 
-# config -> simulated devices (the mesh its gin file sets: 11B data 1 x fsdp 8 x model 8 = 64).
+# config -> simulated devices; data takes what the gin file's fsdp x model leaves (11B: fsdp 4 x
+# model 4 on 64 devices, data 4). Each file's mesh and its TPU figures: docs/scale.md.
 DEFAULT_CONFIGS = {"gin/st5_3b.gin": 8, "gin/st5_3b_encdec.gin": 8, "gin/st5_11b.gin": 64, "gin/st5_11b_encdec.gin": 64}
 TPU_V3_HBM = 16 * 2**30
 

@@ -1,6 +1,6 @@
 """A small, self-contained folder for running the CPU benchmarks on another machine: one with no
-network and no copy of the data, whose transfer is limited in size (issue 33: measure on every
-machine of the pool; how the Xeon leases in docs/RESULTS.md were run).
+network and no copy of the data, whose transfer is limited in size (to measure on every
+machine; how the Intel Xeon rows of docs/RESULTS.md were run).
 
     python -m sentemb_jax.benchmarks.portable_kit pack --out KIT [--model M] [--data_dir D] \
         [--store_bfloat16] [--openvino [WHEEL]]
@@ -31,9 +31,9 @@ Two options make room for OpenVINO in a 64 MiB transfer (its wheel is 59 MB):
   of an ONNX model never loads (the GPU / NPU plugins, the other frameworks' frontends, C++
   headers, the GPU kernel cache): 22 MB for openvino 2026.4.0. Its compiled extension runs on one
   Python version, which pack prints: the installed package fits a machine with this one's, a
-  wheel fits another (the Xeon leases' Python 3.12, from here on 3.11:
+  wheel fits another (the Xeon host's Python 3.12, from here on 3.11:
   `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
-  manylinux_2_28_x86_64 openvino==2026.4.0`; cpu_lease.sh checks the match before any job).
+  manylinux_2_28_x86_64 openvino==2026.4.0`; cpu_benchmarks.sh checks the match before any job).
 
 The kit is written to a temporary directory beside --out and renamed at the end: a refused or
 failed pack leaves nothing. Keep KIT outside the repository's tracked files (the data's terms:

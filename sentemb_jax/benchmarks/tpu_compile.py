@@ -27,7 +27,7 @@ Every step time, MFU and examples/s is PREDICTED BY THE COMPILER, NOT MEASURED.
 
 Each config x topology x mesh compiles in its own process (`--in_process`: all in this one): the
 TPU compiler can die on a signal (libtpu 0.0.42 overflows its stack on some shapes,
-docs/SCALING.md); that compile gets a "not compiled" row naming the signal and a file with its
+docs/scale.md); that compile gets a "not compiled" row naming the signal and a file with its
 output, and the others still compile (a `--search` goes on to the next mesh).
 
 Exit status: 0 all fit; 3 some config does not fit (the shortfall in GiB per chip is printed);

@@ -178,7 +178,7 @@ def check_rungs(ladder: list[Rung], recipe: list[str], bindings: list[str], topo
 
     Without a topology, one process checks all rungs. With one, each rung's compile runs in its own
     process: the TPU compiler can die on a signal (libtpu 0.0.42 overflows its stack on some shapes,
-    docs/SCALING.md), which must name that rung and still let the others be checked."""
+    docs/scale.md), which must name that rung and still let the others be checked."""
     log.info("checking %d rungs%s", len(ladder), f" (each compiled for {topology} by the TPU compiler)" if topology else "")
     groups = [[r] for r in ladder] if topology else [ladder]
     rows = {}

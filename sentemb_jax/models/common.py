@@ -40,7 +40,7 @@ def erf_rational(x: Array) -> Array:
 def gelu_erf(x: Array) -> Array:
     """Exact GELU as torch and HF's "gelu" compute it: x/2 (1 + erf(x / sqrt 2)). jax.nn.gelu's exact
     form goes through erfc, which XLA:CPU expands into both of its branches and an exp: 2.5x the time
-    of the erf form on [1536, 1536] (EPYC), about 7% of an encode on a Xeon (issue 33).
+    of the erf form on [1536, 1536] (EPYC), about 7% of an encode on a Xeon.
 
     A bfloat16 x is computed in float32 and rounded once, as torch computes its bf16 GELU. In bf16
     XLA:CPU rounds after each of the ~25 operations (two converts each): 27% of a bf16 MiniLM
@@ -103,7 +103,7 @@ def accumulated_dot(x: Array, kernel: Array) -> Array:
 
     Forward: XLA:CPU runs a bfloat16 product on the CPU's bf16 units (AVX512_BF16 / AMX, through
     YNNPACK) only when its result is float32: a bfloat16 result falls back to float32 kernels, at
-    half the speed (MiniLM bf16 padded encode 419 -> 813 sent/s on an AMD EPYC, docs/RESULTS.md, issue 33).
+    half the speed (MiniLM bf16 padded encode 419 -> 813 sent/s on an AMD EPYC, docs/RESULTS.md).
     TPUs accumulate in float32 anyway. Backward: the products autodiff gives `jnp.dot`, in the
     operands' dtype - differentiating through the float32 result would instead make every
     gradient product float32 x bfloat16 (and its cotangents twice as large). float32 operands
