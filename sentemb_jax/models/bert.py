@@ -43,6 +43,8 @@ class BertConfig:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
+    # jax.nn.dot_product_attention's implementation: None (XLA's), or 'cudnn' for cuDNN's fused kernel.
+    attention_implementation: str | None = None
 
     @property
     def head_dim(self) -> int:
@@ -98,6 +100,7 @@ class BertLayer(nn.Module):
             deterministic=self.deterministic,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            implementation=cfg.attention_implementation,
             name="attention",
         )(x, x, bias)
         x = norm("attention_layer_norm")(x + drop(attn))

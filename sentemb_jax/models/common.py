@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -209,15 +210,37 @@ class LayerNorm(nn.Module):
         return (y * scale.astype(jnp.float32) + bias.astype(jnp.float32)).astype(self.dtype)
 
 
-def padding_bias(key_mask: Array) -> Array:
-    """[batch, k] mask of valid keys -> [batch, 1, 1, k] additive logit bias."""
-    return jnp.where(key_mask[:, None, None, :].astype(bool), 0.0, MASK_LOGIT).astype(jnp.float32)
+@flax.struct.dataclass
+class AttentionBias:
+    """What a query may see, as jax.nn.dot_product_attention takes it: `bias`, an additive float32
+    logit bias broadcastable to [batch, heads, q, k] (T5's relative positions: [1, heads, q, k], no
+    batch axis), and `mask`, a boolean [batch or 1, 1, q or 1, k] of the keys a query may attend to.
+    Masks are booleans, not a dense float32 bias of -1e9s: a quarter of the bytes, and the form
+    fused attention kernels take. `a + b` adds the biases and intersects the masks (an array added
+    is a bias)."""
+
+    bias: Array | None = None
+    mask: Array | None = None
+
+    def __add__(self, other):
+        if not isinstance(other, AttentionBias):
+            other = AttentionBias(bias=other)
+        pick = lambda a, b, join: a if b is None else b if a is None else join(a, b)  # noqa: E731
+        return AttentionBias(bias=pick(self.bias, other.bias, jnp.add),
+                             mask=pick(self.mask, other.mask, jnp.logical_and))
+
+    __radd__ = __add__
 
 
-def segment_bias(segment_ids: Array) -> Array:
+def padding_bias(key_mask: Array) -> AttentionBias:
+    """[batch, k] mask of valid keys -> a [batch, 1, 1, k] boolean mask."""
+    return AttentionBias(mask=key_mask[:, None, None, :].astype(bool))
+
+
+def segment_bias(segment_ids: Array) -> AttentionBias:
     """[rows, L] packed segment ids (0 = padding) -> [rows, 1, L, L]: a token sees its own text only."""
     same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)
-    return jnp.where(same, 0.0, MASK_LOGIT).astype(jnp.float32)[:, None]
+    return AttentionBias(mask=same[:, None])
 
 
 def gather_tokens(x: Array, token_index: Array) -> Array:
@@ -225,17 +248,35 @@ def gather_tokens(x: Array, token_index: Array) -> Array:
     return jnp.take(x.reshape((-1,) + x.shape[2:]), token_index, axis=0)
 
 
-def causal_bias(length: int) -> Array:
-    """[1, 1, length, length] additive bias forbidding attention to later positions."""
-    allowed = jnp.tril(jnp.ones((length, length), dtype=bool))
-    return jnp.where(allowed, 0.0, MASK_LOGIT).astype(jnp.float32)[None, None]
+def causal_bias(length: int) -> AttentionBias:
+    """[1, 1, length, length] mask forbidding attention to later positions."""
+    return AttentionBias(mask=jnp.tril(jnp.ones((length, length), dtype=bool))[None, None])
+
+
+def attention(q: Array, k: Array, v: Array, bias: AttentionBias | None, scale: float, dropout: Callable | None,
+              implementation: str | None = None) -> Array:
+    """[batch, q, heads, d] attention with float32 logits and softmax whatever the activation dtype.
+    Without attention dropout: jax.nn.dot_product_attention (`implementation` 'cudnn' picks cuDNN's
+    fused kernel on NVIDIA GPUs; None / 'xla': XLA's). jax.nn's function has no dropout, so a
+    training step with attention dropout runs the same computation written out."""
+    bias = bias if bias is not None else AttentionBias()
+    if dropout is None:
+        return jax.nn.dot_product_attention(q, k, v, bias=bias.bias, mask=bias.mask, scale=scale,
+                                            implementation=implementation)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    if bias.bias is not None:
+        logits = logits + bias.bias
+    if bias.mask is not None:
+        logits = jnp.where(bias.mask, logits, MASK_LOGIT)
+    weights = dropout(jax.nn.softmax(logits, axis=-1)).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate q/k/v/o projections (T5 and BERT layouts).
 
     `scale_logits` divides by sqrt(head_dim) (BERT); T5 folds that scale into its initialisation.
-    Softmax runs in float32 whatever the activation dtype.
+    Logits and softmax run in float32 whatever the activation dtype (`attention`).
     """
 
     num_heads: int
@@ -247,9 +288,11 @@ class MultiHeadAttention(nn.Module):
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
     out_features: int | None = None
+    implementation: str | None = None  # jax.nn.dot_product_attention's: None / 'xla', or 'cudnn'
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, bias: Array | None, kv_index: Array | None = None) -> Array:
+    def __call__(self, inputs_q: Array, inputs_kv: Array, bias: AttentionBias | None,
+                 kv_index: Array | None = None) -> Array:
         """kv_index: keys/values come from packed rows `inputs_kv`, gathered per query row (after
         the projections, so they run over the packed tokens only)."""
         inner = self.num_heads * self.head_dim
@@ -270,14 +313,11 @@ class MultiHeadAttention(nn.Module):
         q = nn.with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         k = nn.with_logical_constraint(k, ("batch", "length", "heads", "kv"))
         v = nn.with_logical_constraint(v, ("batch", "length", "heads", "kv"))
-        if self.scale_logits:
-            q = q / jnp.sqrt(self.head_dim).astype(self.dtype)
-        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        if bias is not None:
-            logits = logits + bias
-        weights = jax.nn.softmax(logits, axis=-1)
-        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=self.deterministic).astype(self.dtype)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, q_len, inner)
+        scale = self.head_dim ** -0.5 if self.scale_logits else 1.0
+        dropout = None
+        if self.dropout_rate > 0 and not self.deterministic:
+            dropout = lambda w: nn.Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
+        out = attention(q, k, v, bias, scale, dropout, self.implementation).reshape(batch, q_len, inner)
         return dense(self.out_features or inputs_q.shape[-1], ("joined_kv", "embed"), "out")(out)
 
 

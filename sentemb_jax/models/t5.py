@@ -64,6 +64,8 @@ class T5Config:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
+    # jax.nn.dot_product_attention's implementation: None (XLA's), or 'cudnn' for cuDNN's fused kernel.
+    attention_implementation: str | None = None
 
     @property
     def decoder_dropout(self) -> float:
@@ -151,6 +153,7 @@ def _attention(cfg: T5Config, deterministic: bool, name: str) -> MultiHeadAttent
         deterministic=deterministic,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
+        implementation=cfg.attention_implementation,
         name=name,
     )
 
