@@ -10,10 +10,20 @@ import pytest
 from sentemb_jax.benchmarks import encode_throughput as bench
 
 
+def _on_cpu(name):
+    """select_benchmark_device without its process-wide settings (JAX platform, compilation cache)."""
+    import jax
+
+    return "cpu", jax.devices("cpu")
+
+
 def test_the_flags_select_their_rows_and_only_selects_named_rows_plus_the_baseline():
     assert bench._kinds(False, False, None) == ["sentemb_jax", "sentemb_jax_packed", "sentence_transformers"]
-    assert bench._kinds(True, True, None) == [k for k in bench.ALL_KINDS if k not in bench.ST_BACKEND_KINDS]
-    assert bench._kinds(True, True, None, "/env/bin/python") == list(bench.ALL_KINDS)
+    assert bench._kinds(True, True, None) == [k for k in bench.ALL_KINDS
+                                              if k not in bench.ST_BACKEND_KINDS and k not in bench.AUTOCAST_KINDS]
+    assert bench._kinds(True, True, None, "/env/bin/python") == [k for k in bench.ALL_KINDS if k not in bench.AUTOCAST_KINDS]
+    assert bench._kinds(False, False, "sentence_transformers_autocast_bf16") == [  # --bf16 adds it on a GPU only
+        "sentence_transformers", "sentence_transformers_autocast_bf16"]
     assert bench._kinds(False, False, " sentemb_jax_openvino_bf16_packed,sentemb_jax_packed ") == [
         "sentemb_jax_packed", "sentence_transformers", "sentemb_jax_openvino_bf16_packed"]
     with pytest.raises(ValueError, match=r"\['openvino'\]: unknown rows"):
@@ -212,7 +222,7 @@ def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monke
 
     monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
     monkeypatch.setattr(bench, "check_xla_flags", lambda flags: None)
-    monkeypatch.setattr(bench, "keep_jax_on_cpu_and_compiling", lambda: None)  # it would set this process's JAX platform for good
+    monkeypatch.setattr(bench, "select_benchmark_device", _on_cpu)  # it would set this process's JAX platform for good
     bench.main(["--only", "sentemb_jax_packed", "--xla_flags=--xla_cpu_use_onednn=true", "--xla_flags=--a=1 --b=2"])
     assert list(seen) == ["sentemb_jax_packed", "sentence_transformers", "sentemb_jax_packed[--xla_cpu_use_onednn=true]",
                           "sentemb_jax_packed[--a=1 --b=2]"]
@@ -248,7 +258,7 @@ def test_texts_of_your_own_file_are_timed_and_a_bad_file_is_named_before_any_wor
         return {n: 100.0 for n in workers}
 
     monkeypatch.setattr(bench, "run_side_by_side", side_by_side)
-    monkeypatch.setattr(bench, "keep_jax_on_cpu_and_compiling", lambda: None)
+    monkeypatch.setattr(bench, "select_benchmark_device", _on_cpu)
     good = tmp_path / "mine.tsv"
     good.write_text("id\ttext\n7\tthe first text\n\n8\ta second, longer text\n", encoding="utf-8")
     bench.main(["--only", "sentemb_jax_packed", "--texts", str(good), "--texts_column", "text", "--data_dir", data_dir])
@@ -259,7 +269,7 @@ def test_texts_of_your_own_file_are_timed_and_a_bad_file_is_named_before_any_wor
     assert any(f" texts={good}:text sentences=2 " in line for line in capsys.readouterr().out.splitlines())
 
     seen.clear()
-    monkeypatch.setattr(bench, "cpu_description", lambda: pytest.fail("work began before the texts were checked"))
+    monkeypatch.setattr(bench, "device_description", lambda devices: pytest.fail("work began before the texts were checked"))
     missing, no_column, empty, header_only = (tmp_path / n for n in ("missing.tsv", "b.tsv", "c.tsv", "d.tsv"))
     no_column.write_text("text\nsome text\n", encoding="utf-8")
     empty.write_text("sentence\tlabel\nfine\t1\n \t0\n", encoding="utf-8")

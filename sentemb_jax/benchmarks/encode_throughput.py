@@ -1,7 +1,8 @@
 """Encoding throughput: our JAX encoder vs sentence-transformers, same model, data, batch and threads.
 
-    python -m sentemb_jax.benchmarks.encode_throughput [--rounds 5] [--batch_size 64] [--bf16] [--onnx] [--only ROWS]
-        [--xla_flags=FLAGS ...] [--st_python ENV/bin/python] [--texts FILE.tsv [--texts_column sentence]]
+    python -m sentemb_jax.benchmarks.encode_throughput [--device cpu|gpu] [--fp32_matmul ieee|tf32] [--rounds 5]
+        [--batch_size N] [--bf16] [--onnx] [--only ROWS] [--xla_flags=FLAGS ...] [--st_python ENV/bin/python]
+        [--texts FILE.tsv [--texts_column sentence]]
 
 Encodes the STS-B test sentences (both columns), or with --texts a column of your own TSV file (a header
 line names it; every text non-empty), with all-MiniLM-L6-v2: ours with padded batches
@@ -14,7 +15,8 @@ Spearman beside it. Each implementation lives in its own worker process (so torc
 spin-waiting and XLA's thread pool never compete). Each worker first times its first call from
 cold (ours: compiles included) and ours then `warm_up()` (every bucket shape); then this script
 alternates the workers round by round - one runs at a time - and prints sentences/s of each
-(median over rounds). The first line names the CPU and its extensions; the last line is
+(median over rounds). The first line names the CPU and its extensions (or the GPU), the second the
+float32 matmul mode of both sides; the last line is
 `ratio_vs_sentence_transformers=<ours / theirs>`, float32 against float32: ours the fastest of our
 float32 paths (JAX padded / packed, and with --onnx ONNX Runtime / OpenVINO on our exports); the
 line before it gives the JAX paths alone. --only runs the rows it names (and the baseline), exporting
@@ -27,10 +29,17 @@ side, not across runs (drift on a shared host).
 OpenVINO backends, run by that interpreter (`st_backend_worker.py`): they need optimum and so
 transformers 4, another environment (`python -m venv ENV && ENV/bin/pip install
 "sentence-transformers[onnx,openvino]==5.7.0" scipy`).
+--device gpu (the default where JAX's default backend is a GPU) runs JAX and sentence-transformers on the
+GPU (CUDA), batch 512 unless --batch_size says otherwise (64 on the CPU), every process allocating GPU
+memory as it needs it (benchmarks.machine.select_benchmark_device); --fp32_matmul (GPU: ieee, the default,
+or tf32) sets float32 matmuls on both sides alike. With --bf16 a GPU run adds sentence-transformers under
+`torch.autocast(bfloat16)` (float32 weights, bf16 matmuls: as our bf16 rows) beside `model.bfloat16()`.
+The ONNX Runtime / OpenVINO rows run on the CPU only.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -46,10 +55,18 @@ from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA
 from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
-from sentemb_jax.benchmarks.machine import cpu_description, keep_jax_on_cpu_and_compiling, usable_cores
+from sentemb_jax.benchmarks.machine import (
+    apply_jax_fp32_matmul,
+    device_description,
+    fp32_matmul_line,
+    fp32_matmul_settings,
+    gpu_memory_line,
+    select_benchmark_device,
+    usable_cores,
+)
 from sentemb_jax.child_process import how_it_ended
 from sentemb_jax.data.files import iter_tsv, read_sts_pairs
-from sentemb_jax.errors import DataError
+from sentemb_jax.errors import DataError, UsageError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 from sentemb_jax.paths import default_data_dir
@@ -57,13 +74,17 @@ from sentemb_jax.paths import default_data_dir
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16", "sentemb_jax_bf16_packed")
 BASE_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers")  # every run
 BF16_KINDS = ("sentemb_jax_bf16", "sentemb_jax_bf16_packed", "sentence_transformers_bf16")  # --bf16
+# --bf16 on a GPU (--only anywhere): torch's mixed precision, float32 weights, as our bf16 rows keep theirs.
+AUTOCAST_KINDS = ("sentence_transformers_autocast_bf16",)
 ONNX_KINDS = ("sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_onnx_int8", "sentemb_jax_onnx_int8_packed",
               "sentemb_jax_openvino", "sentemb_jax_openvino_packed", "sentemb_jax_openvino_bf16",
               "sentemb_jax_openvino_bf16_packed")
 # sentence-transformers' own ONNX / OpenVINO backends: another Python runs them (--st_python).
 ST_BACKEND_KINDS = ("sentence_transformers_onnx", "sentence_transformers_onnx_int8", "sentence_transformers_openvino",
                     "sentence_transformers_openvino_bf16")
-ALL_KINDS = (*BASE_KINDS, *BF16_KINDS, *ONNX_KINDS, *ST_BACKEND_KINDS)
+ALL_KINDS = (*BASE_KINDS, *BF16_KINDS, *AUTOCAST_KINDS, *ONNX_KINDS, *ST_BACKEND_KINDS)
+CPU_ONLY_KINDS = (*ONNX_KINDS, *ST_BACKEND_KINDS)  # ONNX Runtime / OpenVINO here run on the CPU
+DEFAULT_BATCH_SIZE = {"cpu": 64, "gpu": 512}  # a GPU idles at 64 MiniLM sentences a call
 ST_BACKEND_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "st_backend_worker.py")
 # float32 paths of ours: the headline ratio takes the fastest.
 OURS_F32 = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_onnx", "sentemb_jax_onnx_packed", "sentemb_jax_openvino",
@@ -130,17 +151,40 @@ def set_xla_flags(flags: str) -> None:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
 
 
+def apply_torch_fp32_matmul(settings: dict) -> None:
+    """In a torch worker, before its model is built: the float32 matmul mode of
+    machine.fp32_matmul_settings (cuBLAS: IEEE or TF32); on the CPU nothing changes."""
+    if not settings["torch_fp32_precision"]:
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with the legacy allow_tf32 is an error there
+        matmul.fp32_precision = settings["torch_fp32_precision"]
+    else:
+        matmul.allow_tf32 = settings["torch_fp32_precision"] == "tf32"
+
+
+def check_torch_finds(device: str, devices) -> None:
+    """A UsageError, before any model loads, where JAX finds the GPU but torch does not (a CPU build of
+    torch, a driver only JAX's CUDA libraries work with): sentence-transformers' rows need it."""
+    if device == "gpu" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
+        raise UsageError(f"--device gpu: JAX finds {device_description(devices)} but torch {torch.__version__} "
+                         f"({build}) finds no CUDA device, so sentence-transformers cannot run there")
+
+
 def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str], batch_size: int, threads: int,
-            onnx_paths: dict, xla_flags: str, conn) -> None:
+            onnx_paths: dict, settings: dict, xla_flags: str, conn) -> None:
+    """One row's process. settings: fp32_matmul_settings (the device and float32 matmul mode of both sides)."""
     if xla_flags:
         set_xla_flags(xla_flags)
-    warm, extra = 0.0, {}
+    warm, extra, autocast = 0.0, {}, kind in AUTOCAST_KINDS
     bf16, packed = "bf16" in kind, "packed" in kind
     if kind.startswith("sentence_transformers"):
         torch.set_num_threads(threads)
+        apply_torch_fp32_matmul(settings)
         transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar, once per worker
-        model = SentenceTransformer(model_dir, device="cpu")
-        if bf16:
+        model = SentenceTransformer(model_dir, device=settings["torch_device"])
+        if bf16 and not autocast:
             model = model.bfloat16()
     elif kind.startswith("sentemb_jax_onnx"):
         path = onnx_paths[("packed_" if packed else "") + ("int8" if "int8" in kind else "f32")]
@@ -150,9 +194,17 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
                                                 onnx_paths["packed_f32" if packed else "f32"], "bf16" if bf16 else "f32")
         extra["runtime_precision"] = model.runtime_precision
     else:
+        apply_jax_fp32_matmul(settings)
         model = SentenceEncoder.from_pretrained(model_dir, dtype="bfloat16" if bf16 else None)
         model.packed = packed
-    run = lambda: model.encode(sentences, batch_size=batch_size, show_progress_bar=False)  # noqa: E731
+
+    def precision():  # the STS-B score too is the autocast model's
+        return torch.autocast(settings["torch_device"], dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    def run():
+        with precision():
+            return model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+
     start = time.perf_counter()
     run()  # the first call from cold: compiles the shapes these sentences need / fills allocator caches
     first = time.perf_counter() - start
@@ -160,7 +212,9 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         start = time.perf_counter()
         model.warm_up(batch_size)  # every bucket shape (what a server does at load)
         warm = time.perf_counter() - start
-    conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": _stsb_test(model, data_dir), **extra}))
+    with precision():
+        stsb = _stsb_test(model, data_dir)
+    conn.send(("ready", {"first_call_s": first, "warm_up_s": warm, "stsb_test": stsb, **extra}))
     serve_rounds(conn, run)
 
 
@@ -281,6 +335,19 @@ def _kinds(bf16: bool, onnx: bool, only: str | None, st_python: str | None = Non
     return [k for k in ALL_KINDS if k in wanted or k == "sentence_transformers"]
 
 
+def _on_device(kinds: list[str], device: str, bf16: bool) -> list[str]:
+    """The rows of a run on `device`: on a GPU, --bf16 (`bf16`) adds torch's autocast row, and the rows
+    whose runtimes run on the CPU only are refused (they would be timed against GPU rows)."""
+    if device != "gpu":
+        return kinds
+    cpu_only = [k for k in kinds if k in CPU_ONLY_KINDS]
+    if cpu_only:
+        raise UsageError(f"--device gpu: rows {cpu_only} run on the CPU only (ONNX Runtime / OpenVINO here): "
+                         "leave out --onnx / --st_python / those --only rows, or use --device cpu")
+    wanted = set(kinds) | (set(AUTOCAST_KINDS) if bf16 else set())
+    return [k for k in ALL_KINDS if k in wanted]
+
+
 def _export_graphs(model_dir: str, kinds: list[str], out_dir: str) -> dict:
     """Export the ONNX graphs the ONNX Runtime / OpenVINO rows need (padded and/or packed; int8 beside
     float32 when an int8 row runs); {'f32' | 'int8' | 'packed_f32' | 'packed_int8': path}."""
@@ -299,10 +366,15 @@ def _export_graphs(model_dir: str, kinds: list[str], out_dir: str) -> dict:
     return paths
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                        help="where both sides run (default: a GPU where JAX's default backend is one, else the CPU)")
+    parser.add_argument("--fp32_matmul", choices=("ieee", "tf32"), default=None,
+                        help="float32 matmuls of both sides on a GPU (default: ieee; the CPU has ieee only)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help=f"sentences a call (default: {DEFAULT_BATCH_SIZE['cpu']} on the CPU, {DEFAULT_BATCH_SIZE['gpu']} on a GPU)")
     parser.add_argument("--bf16", action="store_true", help="also ours and sentence-transformers in bfloat16")
     parser.add_argument("--onnx", action="store_true", help="also ours in ONNX Runtime (float32, int8) and OpenVINO (float32, bf16), padded and packed")
     parser.add_argument("--only", default=None, help="comma-separated rows to run instead of the flags' sets "
@@ -317,24 +389,46 @@ def main(argv=None):
     parser.add_argument("--texts", default=None, metavar="FILE.tsv", help="time these texts instead of STS-B test's "
                         "sentences: a TSV file with a header line (quality is still scored on STS-B test)")
     parser.add_argument("--texts_column", default="sentence", help="the --texts column to encode (default: sentence)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_args(args, parser) -> tuple[list[str], str, list, dict]:
+    """(rows, device, JAX's devices, fp32_matmul_settings); a bad command line, or a device that JAX or
+    torch does not find, exits 2 here, before any work (no model loaded, no worker started)."""
     try:
         kinds = _kinds(args.bf16, args.onnx, args.only, args.st_python)
+        if args.batch_size is not None and args.batch_size < 1:
+            raise ValueError(f"--batch_size {args.batch_size}: at least 1")
         if args.st_python and not os.access(args.st_python, os.X_OK):
             raise ValueError(f"--st_python {args.st_python}: not an executable file")
         if len(set(args.xla_flags)) < len(args.xla_flags):
             raise ValueError(f"--xla_flags {args.xla_flags}: the same flags twice would be one row")
         for flags in args.xla_flags:
             check_xla_flags(flags)
-    except ValueError as e:
+        device, devices = select_benchmark_device(args.device)
+        check_torch_finds(device, devices)
+        settings = fp32_matmul_settings(device, args.fp32_matmul)
+        kinds = _on_device(kinds, device, args.bf16 and args.only is None)
+    except (ValueError, UsageError) as e:
         parser.error(str(e))  # exit 2, before any work
+    return kinds, device, devices, settings
+
+
+def main(argv=None):
+    parser = _parser()
+    args = parser.parse_args(argv)
+    kinds, device, devices, settings = _check_args(args, parser)
     try:
         texts = read_texts(args.texts, args.texts_column) if args.texts else None
     except DataError as e:
         sys.exit(f"error: {e}")  # bad input: exit 1, before any work
 
-    keep_jax_on_cpu_and_compiling()
-    print(f"machine: {cpu_description()}", flush=True)
+    print(f"machine: {device_description(devices)}", flush=True)
+    print(f"device: {device} (sentence-transformers on torch {settings['torch_device']}); {fp32_matmul_line(settings)}",
+          flush=True)
+    if device == "gpu":
+        print(gpu_memory_line(), flush=True)
+    batch_size = args.batch_size or DEFAULT_BATCH_SIZE[device]
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)
     sentences = texts or s1 + s2
@@ -345,14 +439,14 @@ def main(argv=None):
             start = time.perf_counter()
             onnx_paths = _export_graphs(model_dir, kinds, tmp)
             print(f"ONNX export ({', '.join(sorted(onnx_paths))}): {time.perf_counter() - start:.0f} s", flush=True)
-        common = (model_dir, args.data_dir, sentences, args.batch_size, threads, onnx_paths)
+        common = (model_dir, args.data_dir, sentences, batch_size, threads, onnx_paths, settings)
         workers = {k: (_worker, (k, *common, "")) for k in kinds}
         workers.update({flagged_row(f, k): (_worker, (k, *common, f)) for f in args.xla_flags for k in flagged_kinds(kinds)})
         if any(k in ST_BACKEND_KINDS for k in kinds):
             data_json = os.path.join(tmp, "sentences.json")
             with open(data_json, "w") as f:
                 json.dump({"sentences": sentences, "s1": s1, "s2": s2, "gold": list(map(float, gold))}, f)
-            workers.update({k: ([args.st_python, ST_BACKEND_WORKER], (k, model_dir, threads, args.batch_size, data_json))
+            workers.update({k: ([args.st_python, ST_BACKEND_WORKER], (k, model_dir, threads, batch_size, data_json))
                             for k in kinds if k in ST_BACKEND_KINDS})
         startup: dict = {}
         try:
@@ -360,7 +454,12 @@ def main(argv=None):
         except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
             sys.exit(f"error: {e}")
     source = f"texts={args.texts}:{args.texts_column}" if texts else "texts=STS-B test"
-    print(f"model={model_dir} {source} sentences={len(sentences)} batch_size={args.batch_size} threads={threads} rounds={args.rounds}")
+    print(f"model={model_dir} {source} sentences={len(sentences)} batch_size={batch_size} threads={threads} rounds={args.rounds}")
+    _report(med, startup, kinds, args.xla_flags)
+
+
+def _report(med: dict[str, float], startup: dict, kinds: list[str], xla_flags: list[str]) -> None:
+    """Each row's rate, start-up and quality; the ratios; last the headline ratio (float32 vs float32)."""
     for n, v in med.items():
         s = startup[n]
         warm = f", warm_up() {s['warm_up_s']:.1f} s" if s.get("warm_up_s") else ""
@@ -374,7 +473,7 @@ def main(argv=None):
         if n != "sentence_transformers":
             print(f"{n} / sentence_transformers = {med[n] / med['sentence_transformers']:.2f}")
     for k in filter(med.__contains__, flagged_kinds(kinds)):
-        for f in args.xla_flags:
+        for f in xla_flags:
             print(f"{flagged_row(f, k)} / {k} = {med[flagged_row(f, k)] / med[k]:.2f}")
     jax_f32 = [v for n, v in med.items() if n in ("sentemb_jax", "sentemb_jax_packed")]
     ours_f32 = [v for n, v in med.items() if n in OURS_F32]

@@ -2,13 +2,16 @@
 measured in the run (so that numbers from different machines of the pool can be compared)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 import numpy as np
 
+import sentemb_jax  # its _GPU_PLUGINS: the jaxlib plugins that give JAX a GPU
 from sentemb_jax.errors import UsageError
 from sentemb_jax.host import cpu_flags, cpu_model, usable_cores  # noqa: F401  (benchmarks import them from here)
 
@@ -29,10 +32,105 @@ def keep_jax_on_cpu_and_compiling() -> None:
     environment (JAX_COMPILATION_CACHE_DIR) would turn those into loads from a folder, so it is off
     here and in the workers (benchmarks.cold_start turns it on where it measures it)."""
     if not os.environ.get("JAX_PLATFORMS"):
-        os.environ["JAX_PLATFORMS"] = "cpu"  # worker processes read it when they import jax
-        jax.config.update("jax_platforms", "cpu")  # this process imported jax before
+        _pin_jax_platform("cpu")
+    _compile_every_time()
+
+
+def _pin_jax_platform(platform: str) -> None:
+    os.environ["JAX_PLATFORMS"] = platform  # worker processes read it when they import jax
+    jax.config.update("jax_platforms", platform)  # this process imported jax before
+
+
+def _compile_every_time() -> None:
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     jax.config.update("jax_enable_compilation_cache", False)
+
+
+# The devices a JAX-vs-torch benchmark (encode_throughput, train_throughput) runs both sides on, as
+# torch names them. No TPU: torch (sentence-transformers) has no TPU backend here.
+TORCH_DEVICES = {"cpu": "cpu", "gpu": "cuda"}
+FP32_MATMUL_MODES = ("ieee", "tf32")
+
+
+def select_benchmark_device(name: str | None) -> tuple[str, list]:
+    """('cpu' | 'gpu', JAX's devices there) for a benchmark that runs JAX and torch side by side on one
+    device. `name` None: a GPU where JAX's default backend is one, else the CPU. Called before this
+    process's JAX backend starts; it
+    - lets every process allocate GPU memory as it needs it (XLA_PYTHON_CLIENT_PREALLOCATE=false,
+      unless set): by default each JAX process takes 75% of the GPU at start, so the second of the
+      side-by-side workers would run out of memory;
+    - keeps JAX off the GPU for --device cpu (and in the workers: JAX_PLATFORMS, read when they import jax);
+    - turns the persistent compilation cache off, as keep_jax_on_cpu_and_compiling does.
+    A GPU that JAX does not find is a UsageError naming what it found, before any model loads (torch's
+    side: encode_throughput.check_torch_finds; this module imports no torch, for step_time's sake)."""
+    if name not in (None, *TORCH_DEVICES):
+        raise UsageError(f"--device {name!r}: one of {', '.join(TORCH_DEVICES)}")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if name == "cpu" and not os.environ.get("JAX_PLATFORMS"):
+        _pin_jax_platform("cpu")
+    _compile_every_time()
+    if name is None:
+        name = "gpu" if jax.default_backend() == "gpu" else "cpu"
+    try:
+        devices = select_devices(name)
+    except UsageError as e:
+        if name == "gpu" and not any(importlib.util.find_spec(p) for p in sentemb_jax._GPU_PLUGINS):
+            raise UsageError(f"{e}; no GPU plugin of jaxlib is installed (e.g. pip install 'jax[cuda12]')") from None
+        raise
+    # The workers take the same platform (they read JAX_PLATFORMS when they import jax), named as JAX
+    # started it here: 'gpu' there would expand to every GPU plugin (cuda, rocm, oneapi), each one
+    # that is not installed an error.
+    started = next((p for p in jax.extend.backend.backends() if p in ("cuda", "rocm", "oneapi")), None)
+    if not os.environ.get("JAX_PLATFORMS") and (name == "cpu" or started):
+        os.environ["JAX_PLATFORMS"] = started if name == "gpu" else "cpu"
+    return name, devices
+
+
+def fp32_matmul_settings(device: str, mode: str | None = None) -> dict:
+    """How float32 matmuls run on both sides of a benchmark on `device` ('cpu' | 'gpu'); `mode` 'ieee'
+    (the default) or 'tf32' (--fp32_matmul). On NVIDIA GPUs JAX multiplies float32 in TF32 by default
+    and torch in IEEE float32, so an unset mode would compare different arithmetic: both are set
+    explicitly. The CPU has no TF32: there both libraries keep their defaults (IEEE float32), as before
+    this option. A pure function (tested without a GPU); apply_jax_fp32_matmul and
+    encode_throughput.apply_torch_fp32_matmul set it in a worker."""
+    mode = mode or "ieee"
+    if mode not in FP32_MATMUL_MODES:
+        raise UsageError(f"--fp32_matmul {mode!r}: one of {', '.join(FP32_MATMUL_MODES)}")
+    if device == "cpu":
+        if mode != "ieee":
+            raise UsageError(f"--fp32_matmul {mode}: a mode of NVIDIA GPUs; on the CPU both sides multiply float32 "
+                             "in IEEE float32 (leave it out, or use --device gpu)")
+        return {"device": "cpu", "mode": "ieee", "label": "ieee (CPU)", "torch_device": "cpu",
+                "jax_matmul_precision": None, "torch_fp32_precision": None, "ceiling_precision": "default"}
+    if device not in TORCH_DEVICES:
+        raise UsageError(f"--device {device!r}: one of {', '.join(TORCH_DEVICES)}")
+    ieee = mode == "ieee"
+    jax_precision = "highest" if ieee else "tensorfloat32"
+    return {"device": device, "mode": mode, "label": "ieee" if ieee else "tf32", "torch_device": TORCH_DEVICES[device],
+            "jax_matmul_precision": jax_precision, "torch_fp32_precision": "ieee" if ieee else "tf32",
+            "ceiling_precision": jax_precision}
+
+
+def fp32_matmul_line(settings: dict) -> str:
+    """The header line that states (and so lets a reader check) the float32 matmul mode of both sides."""
+    if settings["jax_matmul_precision"] is None:
+        return f"fp32 matmul: {settings['label']} on both sides (JAX and torch defaults)"
+    return (f"fp32 matmul: {settings['label']} on both sides (JAX jax_default_matmul_precision="
+            f"{settings['jax_matmul_precision']}; torch cuda.matmul.fp32_precision={settings['torch_fp32_precision']})")
+
+
+def apply_jax_fp32_matmul(settings: dict) -> None:
+    """In a JAX worker, before its model is built: the float32 matmul mode of fp32_matmul_settings."""
+    if settings["jax_matmul_precision"]:  # read when a function is traced: every jit after this
+        jax.config.update("jax_default_matmul_precision", settings["jax_matmul_precision"])
+
+
+def gpu_memory_line() -> str:
+    """How the side-by-side processes share one GPU's memory (a line of a GPU run's header)."""
+    fraction = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    return (f"GPU memory: every JAX process XLA_PYTHON_CLIENT_PREALLOCATE={os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')}"
+            f"{f' XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}' if fraction else ''} (false: allocates as it needs, "
+            "so the workers share the GPU)")
 
 
 def cpu_description() -> str:
