@@ -284,6 +284,7 @@ class RunState:
         """SIGTERM (preemption) / Ctrl-C: this step is checkpointed, then the job stops (Preempted)."""
         if signum:
             if not saved:
+                self.check_finite()  # nothing non-finite is saved
                 self.save()
             self.manager.wait_until_finished()
             raise Preempted(signum, self.step, run_path(self.model_dir, CHECKPOINTS))
@@ -331,8 +332,7 @@ def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, 
                 logged = step % sched.log_every == 0 or last
                 evaluated = bool(run.evaluator) and (step % sched.eval_every == 0 or last)
                 saved = step % sched.checkpoint_every == 0 or last or (evaluated and sched.checkpoint_at_eval)
-                signum = stop_signals.requested()
-                if logged or evaluated or saved or signum:  # each reads the state: the flags first
+                if logged or evaluated or saved:  # each reads the state: the flags first
                     run.check_finite()
                 if logged:
                     run.log(out)
@@ -344,7 +344,7 @@ def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, 
                 if run.bar is not None:
                     run.bar.update(1)
                 faults.after_step(step, run.manager.wait_until_finished)  # tests only (SENTEMB_FAULT)
-                run.stop_if_requested(signum, saved)
+                run.stop_if_requested(stop_signals.requested(), saved)
                 if out_of_time:
                     log.info("time budget of %.0f s of training reached at step %d", sched.time_budget_s, step)
                     break
