@@ -7,7 +7,9 @@ an integer >= 1`); `reword` gives the same error in the words of the gin files t
 """
 from __future__ import annotations
 
+import difflib
 import math
+import os
 import re
 import types
 import typing
@@ -15,7 +17,7 @@ import typing
 from gin.config import ConfigurableReference, register_finalize_hook  # gin.config's public names
 
 import gin
-from sentemb_jax.errors import SentembError
+from sentemb_jax.errors import SentembError, UsageError
 
 UNSET = object()
 _CONFIG: dict = {}  # (scope, selector) -> {param: value}: the dict gin's finalize hooks are given
@@ -26,6 +28,37 @@ def _keep_config(config: dict) -> None:
     """gin passes its configuration to finalize hooks; keep a reference (it is the live dict)."""
     global _CONFIG
     _CONFIG = config
+
+
+def _expanded(value):
+    """`value` with every string that starts with `~` (`'~/runs/x'`, in a list, tuple or dict too)
+    expanded to the home directory; the same object when nothing changes."""
+    if isinstance(value, str):
+        return os.path.expanduser(value) if value.startswith("~") else value
+    if isinstance(value, (list, tuple)):
+        items = [_expanded(v) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+    if isinstance(value, dict):
+        items = {k: _expanded(v) for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else type(value)(items)
+    return value
+
+
+@register_finalize_hook
+def _expand_home(config: dict) -> dict:
+    """`~` in a configured path means the home directory: gin strings are quoted, so the shell never
+    expands it, and `MODEL_DIR='~/x'` would otherwise create a folder named `~` in the working
+    directory. The one place a configured path is resolved: every bound string starting with `~`
+    (a macro's value, a parameter, an entry of a list / dict), rebound expanded when gin finalizes."""
+    updates = {}
+    for (scope, selector), params in config.items():
+        for param, value in params.items():
+            new = _expanded(value)
+            if new is not value:
+                updates[(scope, selector, param)] = new
+    return updates
 
 
 def parsed() -> dict:
@@ -122,7 +155,28 @@ def short_gin_error(error: Exception) -> str:
             return ("macro MODEL_PATH is used but not set: give the model directory (--gin.MODEL_PATH=\"'/path'\") or a "
                     "model file before the run file (e.g. --gin_file=gin/models/minilm_l6.gin)")
         return f"macro {name} is used but not set (set it: --gin.{name}=...)"
-    return text.split("\n  In file", 1)[0] if len(text) > 2000 else text
+    text = text.split("\n  In file", 1)[0] if len(text) > 2000 else text
+    return _one_line(text)
+
+
+_GIN_LOCATION = re.compile(r"\n  In (?:file \"([^\"]*)\", line (\d+)|bindings string line (\d+))\n(    [^\n]*)?")
+
+
+def _one_line(text: str) -> str:
+    """gin's `  In file "x.gin", line 3` / `  In bindings string line 1` lines (and the line they
+    quote) folded into the message, so that the error stays the console's last line:
+    `...: message (x.gin, line 3: binding)`."""
+    places = []
+
+    def keep(match) -> str:
+        quoted = (match.group(4) or "").strip()
+        where = f"{match.group(1)}, line {match.group(2)}" if match.group(1) is not None else "--gin. binding"
+        places.append(f"{where}: {quoted}" if quoted else where)
+        return ""
+
+    head = _GIN_LOCATION.sub(keep, text).strip()
+    head = " ".join(line.strip() for line in head.splitlines() if line.strip())
+    return f"{head} ({'; in '.join(places)})" if places else head
 
 
 _SIMPLE = {int: "int", float: "float", str: "str", bool: "bool", type(None): "None"}
@@ -198,3 +252,90 @@ def suggest_job(value) -> str:
             except (ValueError, KeyError):
                 continue
     return "sentemb_jax.<job>, e.g. @sentemb_jax.evaluate_stsb"
+
+
+# ---------------------------------------------------------------------------------------------
+# The gin files as text: include cycles and macros set on the command line that nothing reads.
+
+_INCLUDE = re.compile(r"""^[ \t]*include[ \t]+(['"])(.+?)\1""", re.M)
+# Strings and comments are matched (and skipped) so that a `%` inside them is not a macro reference.
+_TOKENS = re.compile(r"""'''.*?'''|\"\"\".*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*"|#[^\n]*"""
+                     r"|%([A-Za-z_][\w.]*(?:/[A-Za-z_][\w.]*)*)", re.S)
+MACROS_READ_BY_CODE = frozenset({"MODEL_DIR", "MODEL"})  # main (the log's place), the train job (its model)
+
+
+def find_gin_file(name: str, prefixes) -> str | None:
+    """Where gin finds `name` (as gin.parse_config_file does: absolute as given, else the first
+    search prefix that holds it); None when none does (gin's own error names it)."""
+    candidates = [name] if os.path.isabs(name) else [os.path.join(p, name) for p in prefixes]
+    return next((c for c in candidates if os.path.isfile(c)), None)
+
+
+def read_gin_files(files, prefixes) -> list[str]:
+    """The text of every gin file `files` reach through their includes (each once). An include
+    cycle is a UsageError naming the chain as written (`a.gin -> b.gin -> a.gin`): gin itself
+    recurses until Python's recursion limit and prints each step of the chain."""
+    texts, done = [], set()
+
+    def visit(name: str, path: str, chain: list) -> None:
+        real = os.path.realpath(path)
+        stack = [r for r, _ in chain]
+        if real in stack:
+            names = [n for _, n in chain[stack.index(real):]] + [name]
+            raise UsageError("gin configuration error: include cycle: " + " -> ".join(names)
+                             + " (a file includes itself through these includes; remove one of them)")
+        if real in done:
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError):
+            return  # gin reports an unreadable file
+        texts.append(text)
+        for match in _INCLUDE.finditer(text):
+            found = find_gin_file(match.group(2), prefixes)
+            if found:
+                visit(match.group(2), found, chain + [(real, name)])
+        done.add(real)
+
+    for name in files:
+        found = find_gin_file(name, prefixes)
+        if found:
+            visit(name, found, [])
+    return texts
+
+
+def macro_references(texts) -> set[str]:
+    """Every `%NAME` in gin text (not inside a string or a comment)."""
+    return {m.group(1) for text in texts for m in _TOKENS.finditer(text) if m.group(1)}
+
+
+def unread_macros(bindings, texts) -> list[str]:
+    """Each `--gin.NAME=VALUE` (a macro: no `.` in its key) that no `%NAME` in the gin files or the
+    other bindings reads, nor the code (MACROS_READ_BY_CODE): a typo such as NUM_STEP for NUM_STEPS
+    would otherwise run with the file's value, silently. The message suggests the close name."""
+    read = macro_references([*texts, *bindings]) | MACROS_READ_BY_CODE
+    problems = []
+    for binding in bindings:
+        key = binding.split("=", 1)[0].strip()
+        if not key or "." in key or key in read or key.rsplit("/", 1)[-1] in read:
+            continue
+        close = difflib.get_close_matches(key, sorted(read), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}? (--gin.{close[0]}=...)" if close else ""
+        problems.append(f"--gin.{key}=... sets macro {key}, but nothing reads it (no %{key} in the gin files or "
+                        f"bindings){hint}")
+    return problems
+
+
+_EXPRESSION = re.compile(r"^[\d\s.eE()]*\d[\d\s.eE()]*[-+*/%][\d\s.eE()+\-*/%]*$")
+
+
+def unparseable_binding(binding: str) -> str:
+    """The error for a `--gin.KEY=VALUE` whose value gin cannot parse: the binding named, and how
+    to write a string (quoted inside the shell's quotes) or a number (gin computes nothing)."""
+    key, _, value = (part.strip() for part in binding.partition("="))
+    why = ("gin computes no expressions: write the number itself" if _EXPRESSION.match(value)
+           else "a string must be quoted")
+    return (f"gin configuration error: --gin.{key}={value}: cannot parse the value {value} ({why}; a gin value is "
+            f"a Python literal - a number, a 'quoted string', a list, a dict, None, True, False - a @reference or "
+            f"a %MACRO; a string on the command line is quoted twice: --gin.{key}=\"'{value}'\")")

@@ -23,6 +23,8 @@ import datetime
 import logging
 import os
 import sys
+import threading
+import traceback
 import warnings
 
 from sentemb_jax.paths import new_cache_log
@@ -63,6 +65,14 @@ class _ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+class _FileHandler(logging.StreamHandler):
+    """The log file's handler: a record that cannot be written (the disk is full) is dropped,
+    not reported on the console with a `--- Logging error ---` traceback for every record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        pass
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A Python warning: one of ours (a class or a call site in sentemb_jax, e.g. MissingDataWarning:
     a task omitted) is a console line; a library's goes to the log file only."""
@@ -95,6 +105,7 @@ class Console:
         self._redirected = False
         self._temporary = False
         self._saved_showwarning = None
+        self._saved_hooks: tuple | None = None
         self._pending: tuple[str, int] | None = None
 
     # -- set-up --------------------------------------------------------------------------------
@@ -115,17 +126,47 @@ class Console:
         root.addHandler(self._file_handler)
         self._saved_showwarning = warnings.showwarning
         warnings.showwarning = _show_warning  # ours on the console as "warning: ...", libraries' in the log
+        if self.verbosity < 2:
+            self._take_exception_hooks()
         if self.verbosity < 1:
             # TensorFlow's C++ logging when stderr is not redirected (in-process calls).
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         return self
+
+    def _take_exception_hooks(self) -> None:
+        """Tracebacks that a library's threads and callbacks print themselves (sys.excepthook from
+        a native thread's callback, threading.excepthook, sys.unraisablehook) go to the log file:
+        orbax's writer threads print one `RuntimeError: Event loop is closed` per pending write
+        when a save fails (194 on a full disk), before the job's error line. The job's own error
+        is caught by main and still ends the console; --verbosity=2 keeps Python's hooks."""
+        self._saved_hooks = (sys.excepthook, threading.excepthook, sys.unraisablehook)
+
+        def to_log(kind: str, exc_type, exc, tb, where: str = "") -> None:
+            text = "".join(traceback.format_exception(exc_type, exc, tb)) if exc_type is not None else ""
+            self.log_only(f"{kind}{where}:\n{text}")
+
+        sys.excepthook = lambda t, e, tb: to_log("uncaught exception", t, e, tb)
+        threading.excepthook = lambda a: to_log("exception in thread", a.exc_type, a.exc_value, a.exc_traceback,
+                                                f" {a.thread.name if a.thread else ''}")
+        sys.unraisablehook = lambda u: to_log("exception ignored", type(u.exc_value) if u.exc_value is not None
+                                              else u.exc_type, u.exc_value, u.exc_traceback,
+                                              f" in {u.object!r}" if u.object is not None else "")
+
+    def _give_back_exception_hooks(self, keep_threads: bool = False) -> None:
+        """Python's hooks back; keep_threads (a command-line process): the thread and unraisable
+        hooks stay, so what library threads print while the process shuts down stays in the log."""
+        if self._saved_hooks is not None:
+            sys.excepthook = self._saved_hooks[0]
+            if not keep_threads:
+                threading.excepthook, sys.unraisablehook = self._saved_hooks[1:]
+            self._saved_hooks = None
 
     def _open_log(self, path: str, temporary: bool) -> None:
         self._file = open(path, "a", encoding="utf-8", buffering=1)
         self._file.write(f"==== {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} "
                          f"pid {os.getpid()}: python -m sentemb_jax.main {' '.join(self.argv)}\n")
         self._file.flush()
-        handler = logging.StreamHandler(self._file)
+        handler = _FileHandler(self._file)
         handler.setFormatter(_FORMAT)
         handler.setLevel(logging.DEBUG)
         if self._file_handler is not None:
@@ -170,11 +211,18 @@ class Console:
             new = open(target, "a", encoding="utf-8", buffering=1)
         except OSError:
             return  # the job reports an unusable MODEL_DIR itself; the log stays where it is
-        new.write(earlier)
-        new.flush()
+        try:
+            new.write(earlier)
+            new.flush()
+        except OSError:  # MODEL_DIR's disk is full: the log stays where it is
+            try:
+                new.close()
+            except OSError:
+                pass
+            return
         old, old_path = self._file, self.log_path
         self._file = new
-        handler = logging.StreamHandler(new)
+        handler = _FileHandler(new)
         handler.setFormatter(_FORMAT)
         root = logging.getLogger()
         root.removeHandler(self._file_handler)
@@ -191,8 +239,11 @@ class Console:
     def log_only(self, text: str) -> None:
         """Lines for the log file alone (gin context, tracebacks)."""
         if self._file is not None:
-            self._file.write(text.rstrip("\n") + "\n")
-            self._file.flush()
+            try:
+                self._file.write(text.rstrip("\n") + "\n")
+                self._file.flush()
+            except (OSError, ValueError):  # a full disk (or a closed file): the console line still comes
+                pass
 
     def say(self, line: str) -> None:
         stream = self._console_stream if self._redirected else sys.stderr
@@ -216,8 +267,12 @@ class Console:
         if self._saved_showwarning is not None:
             warnings.showwarning = self._saved_showwarning
             self._saved_showwarning = None
+        self._give_back_exception_hooks(keep_threads=self._redirected)
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError:
+                pass
             if not self._redirected:
                 self._file.close()
                 self._file = None

@@ -35,6 +35,7 @@ from sentemb_jax.inference import (
     run_packed,
     warm_up_lengths,
 )
+from sentemb_jax.locking import DirectoryLock
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
@@ -488,8 +489,13 @@ class SentenceEncoder(contract.ModelSettings):
     def save_pretrained(self, out_dir: str) -> None:
         """A sentence-transformers directory (Transformer at the root, Pooling, Dense, Normalize, and
         config_sentence_transformers.json with the prompts, default_prompt_name, similarity_fn_name
-        and truncate_dim) that `SentenceEncoder.from_pretrained` and sentence-transformers load."""
+        and truncate_dim) that `SentenceEncoder.from_pretrained` and sentence-transformers load.
+        One writer at a time: `out_dir/.sentemb.lock` is held while it is written (locking)."""
         os.makedirs(out_dir, exist_ok=True)
+        with DirectoryLock(out_dir, "export directory", job="save_pretrained"):
+            self._save_pretrained(out_dir)
+
+    def _save_pretrained(self, out_dir: str) -> None:
         params = jax.device_get(self.params)
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"],
                                        self.hf_config or checkpoints.hf_config_of(self.config))  # {}: from scratch

@@ -33,6 +33,8 @@ import numpy as np
 from sentemb_jax import validation
 from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+from sentemb_jax.locking import DirectoryLock
+from sentemb_jax.paths import is_remote
 from sentemb_jax.pooling import l2_normalize
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,8 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     platforms: where the serialised model may run (jax2tf native serialisation), e.g.
     ("cpu", "cuda", "tpu") for a model served on accelerators too.
     overwrite: replace a non-empty out_dir (refused otherwise, before any work). The export is
-    written to a temporary directory beside it and renamed into place: no mix of two exports."""
+    written to a temporary directory beside it and renamed into place: no mix of two exports; a
+    second export into the same out_dir meanwhile is refused (`<out_dir>.sentemb.lock`, locking)."""
     validation.require_int(max_length, "sentemb_jax.export_savedmodel", "max_length", 1, allow_none=True,
                            none_means=" (the model's own)")
     require_tensorflow("sentemb_jax.export_savedmodel (a TF SavedModel)",
@@ -55,10 +58,17 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
 
     from sentemb_jax.data.vocab import tokenizer_spec_for  # lazy: in-graph tokenisation (TensorFlow Text)
 
-    if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
-        raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
-                         "to replace it")
+    # One writer: the export replaces out_dir whole (a rename), so its lock is a file beside it.
+    with DirectoryLock(out_dir, "export directory", lock_path=None if is_remote(out_dir) else f"{out_dir.rstrip('/')}.sentemb.lock",
+                       job="export_savedmodel"):
+        if tf.io.gfile.exists(out_dir) and tf.io.gfile.listdir(out_dir) and not overwrite:
+            raise ValueError(f"{out_dir}: not empty (an earlier export?); give export_savedmodel.overwrite=True "
+                             "to replace it")
+        _export(tf, jax2tf, tokenizer_spec_for, model_path, out_dir, max_length, normalize, pooling, platforms)
+    return out_dir
 
+
+def _export(tf, jax2tf, tokenizer_spec_for, model_path, out_dir, max_length, normalize, pooling, platforms) -> None:
     encoder = SentenceEncoder.from_pretrained(model_path, pooling=pooling, max_seq_length=max_length)
     spec = tokenizer_spec_for(transformer_dir_of(model_path))
     length = encoder.max_seq_length
@@ -116,7 +126,6 @@ def export_savedmodel(model_path: str, out_dir: str, max_length: int | None = No
     _replace_dir(staging, out_dir)
     log.info("SavedModel of %s (max length %d, dim %d) written to %s", model_path, length,
              encoder.get_sentence_embedding_dimension(), out_dir)
-    return out_dir
 
 
 def _replace_dir(staging: str, out_dir: str) -> None:

@@ -8,15 +8,20 @@ checkpoint, model directory, a config's validation) -> its message and exit code
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
+import shutil
 import sys
 import threading
 import tokenize
 import traceback
 
+from gin.config import ParserDelegate
+
 import gin
+from gin import config_parser
 from sentemb_jax import configuration
 from sentemb_jax.configuration import UNSET, ConfigurableReference, bound_value
 from sentemb_jax.console import Console
@@ -77,22 +82,55 @@ def gin_file_exists(path: str, search_paths=()) -> bool:
     return any(os.path.isfile(os.path.join(p, path)) for p in ["", os.getcwd(), os.path.dirname(REPO_GIN_DIR), *search_paths])
 
 
-def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = ()) -> None:
+def parse_gin(files: list[str], bindings: list[str], search_paths: list[str] = (), placeholders: list[str] = ()) -> None:
+    """`placeholders`: bindings a tool adds before the user's (e.g. a stand-in TOKENIZER_DIR for an
+    abstract build), not checked for being read."""
     # Each invocation is one job: start from an empty, unlocked config so main() can be called
     # again in the same process (tests, notebooks) without "Attempted to modify locked Gin config".
     gin.clear_config()
-    for path in [os.getcwd(), os.path.dirname(REPO_GIN_DIR), REPO_GIN_DIR, *search_paths]:
+    prefixes = [os.getcwd(), os.path.dirname(REPO_GIN_DIR), REPO_GIN_DIR, *search_paths]
+    for path in prefixes:
         gin.add_config_file_search_path(path)
     for f in files:
         if not gin_file_exists(f, search_paths):
             raise UsageError(f"--gin_file={f}: no such file")
+    texts = configuration.read_gin_files(files, ["", *prefixes])  # an include cycle: named, before gin recurses
     try:
-        gin.parse_config_files_and_bindings(files, bindings, finalize_config=True)
-    except (ValueError, SyntaxError, KeyError, TypeError, tokenize.TokenError) as e:  # TokenError: unclosed brackets
+        gin.parse_config_files_and_bindings(files, [*placeholders, *bindings], finalize_config=True)
+    except (SyntaxError, tokenize.TokenError) as e:  # TokenError: unclosed brackets
+        bad = _unparseable_binding(e, [*placeholders, *bindings])
+        if bad is not None and isinstance(e, SyntaxError):
+            raise UsageError(configuration.unparseable_binding(bad)) from None
+        where = f" in --gin.{bad.replace(' = ', '=', 1)} (an unclosed bracket or quote)" if bad is not None else ""
+        raise UsageError(f"gin configuration error: {configuration.short_gin_error(e)}{where}") from None
+    except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"gin configuration error: {configuration.short_gin_error(e)}") from None
+    unread = configuration.unread_macros(bindings, texts)
+    if unread:
+        raise UsageError("gin configuration error: " + "; ".join(unread))
     wrong = configuration.binding_type_errors()
     if wrong:
         raise UsageError("gin configuration error: " + "; ".join(wrong))
+
+
+def _unparseable_binding(error: Exception, bindings: list[str]) -> str | None:
+    """The --gin. binding a gin parse error is about, None when it is about a file. gin parses the
+    bindings as one text, a line each: a SyntaxError without a file names the line; otherwise
+    (TokenError: an unclosed bracket) the first binding that does not parse on its own."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return None
+    line = getattr(error, "lineno", None)
+    if isinstance(error, SyntaxError) and isinstance(line, int) and 1 <= line <= len(bindings) \
+            and (error.text or "").strip() == bindings[line - 1].strip():
+        return bindings[line - 1]
+    for binding in bindings:
+        try:
+            list(config_parser.ConfigParser(binding, ParserDelegate(skip_unknown=True)))
+        except (SyntaxError, tokenize.TokenError):
+            return binding
+        except Exception:  # noqa: BLE001 - other errors are not about parsing
+            continue
+    return None
 
 
 def check_run_job() -> None:
@@ -154,6 +192,70 @@ def _model_dir_of_config() -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+# errno -> how the error line words it: what stops a save (a checkpoint, metrics, an export) on a
+# full or unwritable disk. tensorstore (orbax's array writer) raises ValueError with the OS error
+# in its text ("... No space left on device [os_error_code='28']"), so the text is read as well.
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                   errno.EROFS: "read-only file system"}
+_STORAGE_TEXT = [(re.compile(r"No space left on device|os_error_code='28'"), errno.ENOSPC),
+                 (re.compile(r"Disk quota exceeded|os_error_code='122'"), errno.EDQUOT),
+                 (re.compile(r"Read-only file system|os_error_code='30'"), errno.EROFS),
+                 (re.compile(r"Permission denied|os_error_code='13'"), errno.EACCES)]
+_QUOTED_PATH = re.compile(r'"(/[^"]+)"')
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def storage_error(error: BaseException, model_dir: str | None = None) -> str | None:
+    """`cannot write <path>: no space left on device (...)` when `error` (or one it was raised
+    from) is a full disk, an exceeded quota, a read-only file system or a permission refused;
+    None otherwise. The path is the file the OS error names, else the first path in the message,
+    else MODEL_DIR."""
+    code, path = None, None
+    for e in _chain(error):
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:
+            code, path = e.errno, e.filename
+            break
+        text = str(e)
+        found = next((c for pattern, c in _STORAGE_TEXT if pattern.search(text)), None)
+        if found is not None:
+            code = found
+            quoted = _QUOTED_PATH.search(text)
+            path = quoted.group(1) if quoted else None
+            break
+    if code is None:
+        return None
+    path = os.fsdecode(path) if path is not None else (model_dir or "MODEL_DIR")
+    what = _STORAGE_ERRNOS[code]
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_space(path)
+        hint = (f"{free} free there; " if free else "") + ("free some space or choose another MODEL_DIR, then run "
+                                                           "the same command: a train run resumes from its last checkpoint")
+    else:
+        hint = "give a MODEL_DIR this user can write, then run the same command"
+    return f"cannot write {path}: {what} ({hint}; details in the log)"
+
+
+def _free_space(path: str) -> str | None:
+    """`0.00 GiB` free on the file system holding `path` (its nearest existing parent); None when unknown."""
+    if "://" in path:
+        return None
+    probe = os.path.abspath(path)
+    while probe and not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        return f"{shutil.disk_usage(probe).free / 2**30:.2f} GiB"
+    except OSError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -173,6 +275,9 @@ def _run_job(argv: list[str], console) -> int:
     def fail(e: BaseException, code: int, prefix: str = "") -> int:
         # An error naming an API argument is worded as the gin binding that set it.
         message, context = split_gin_context(configuration.reword(e) if isinstance(e, SentembError) else str(e))
+        storage = storage_error(e, _model_dir_of_config()) if code == 1 else None
+        if storage is not None:  # a full disk / no permission while saving: not a bug, one line
+            message, prefix = storage, ""
         if code != 2:
             console.log_only("".join(traceback.format_exception(e)))
             if os.environ.get("SENTEMB_TRACEBACK"):

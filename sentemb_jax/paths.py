@@ -14,11 +14,19 @@ def is_remote(path: str) -> bool:
     return "://" in path
 
 
+def local_path(path: str) -> str:
+    """A configured path as the file system knows it: a leading `~` is the home directory (gin
+    strings are quoted, so no shell expanded it; `'~/x'` must not become a folder named `~` in the
+    working directory). Remote paths and others are returned as given."""
+    return os.path.expanduser(path) if isinstance(path, str) and path.startswith("~") else path
+
+
 def default_data_dir() -> str:
-    """$SENTEMB_DATA_DIR, else ../shared/data next to the repository (or the current directory)."""
+    """$SENTEMB_DATA_DIR (a leading `~` expanded), else ../shared/data next to the repository (or
+    the current directory)."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
-        return env
+        return local_path(env)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for base in (repo, os.getcwd()):
         candidate = os.path.normpath(os.path.join(base, "..", "shared", "data"))

@@ -21,7 +21,7 @@ import os
 import orbax.checkpoint as ocp
 from etils import epath
 
-from sentemb_jax.paths import is_remote
+from sentemb_jax.paths import is_remote, local_path
 
 CHECKPOINTS = "checkpoints"
 BEST = "best"
@@ -40,7 +40,7 @@ def run_path(model_dir: str, *parts: str) -> str:
     """A path under MODEL_DIR: absolute when local, the URL as given when remote (a bucket)."""
     if is_remote(model_dir):
         return "/".join([model_dir.rstrip("/"), *parts])
-    return os.path.join(os.path.abspath(model_dir), *parts)
+    return os.path.join(os.path.abspath(local_path(model_dir)), *parts)
 
 
 def checkpoint_manager(model_dir: str, kind: str = CHECKPOINTS, keep: int | None = None, create: bool = True,
@@ -54,7 +54,7 @@ def checkpoint_manager(model_dir: str, kind: str = CHECKPOINTS, keep: int | None
 
 def read_results(model_dir: str) -> dict | None:
     """MODEL_DIR/results.json, or None when there is none."""
-    path = os.path.join(model_dir, RESULTS_JSON)
+    path = os.path.join(local_path(model_dir), RESULTS_JSON)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
@@ -64,6 +64,7 @@ def read_results(model_dir: str) -> dict | None:
 def write_results(model_dir: str, results: dict, markdown: str | None = None) -> None:
     """Write MODEL_DIR/results.json (and results.md when given) by replacing the old file whole (a
     crash mid-write leaves the old one); the one writer of every job's results."""
+    model_dir = local_path(model_dir)
     os.makedirs(model_dir, exist_ok=True)
     for name, text in ((RESULTS_JSON, json.dumps(results, indent=2)), (RESULTS_MD, markdown)):
         if text is not None:
@@ -88,7 +89,7 @@ def write_gin_config(model_dir: str, config_str: str, markdown: str) -> str:
 
 def keep_gin_config(model_dir: str, config_str: str, markdown: str) -> str | None:
     """write_gin_config for a MODEL_DIR that exists and has no config.gin yet; None otherwise."""
-    if not epath.Path(model_dir).is_dir() or epath.Path(run_path(model_dir, CONFIG_GIN)).exists():
+    if not epath.Path(local_path(model_dir)).is_dir() or epath.Path(run_path(model_dir, CONFIG_GIN)).exists():
         return None
     return write_gin_config(model_dir, config_str, markdown)
 

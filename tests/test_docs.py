@@ -317,7 +317,8 @@ def gin_registry() -> tuple[dict[str, set[str]], set[str]]:
                 if is_gin:
                     decorated[name or node.name] = definition
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
-                names = [e.id if isinstance(e, ast.Name) else e.value.id if isinstance(e, ast.Starred) else None
+                names = [e.id if isinstance(e, ast.Name) else e.value.id
+                         if isinstance(e, ast.Starred) and isinstance(e.value, ast.Name) else None
                          for e in node.value.elts]
                 for target in node.targets:
                     if isinstance(target, ast.Name):

@@ -94,7 +94,7 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     """The gin configuration `python -m sentemb_jax.main --gin_file=... --gin.KEY=VALUE` would have
     (placeholders for the directories that only the data / checkpoints need)."""
     runner.register_configurables()
-    runner.parse_gin(list(gin_files), [*PLACEHOLDERS, *bindings])
+    runner.parse_gin(list(gin_files), list(bindings), placeholders=PLACEHOLDERS)
 
 
 def _count(tree) -> int:

@@ -18,6 +18,16 @@ every shard's entry present (or by a last run with nothing left to do).
 
 dedup: drop a row whose text fields repeat an earlier row's of the same output shard (a 16-byte
 hash per row kept while that shard is written; duplicates across shards are not looked for).
+
+Settings: every shard entry and the manifest record what they were made with (`settings`: kind,
+columns and filters, tokenizer fingerprint or None, max_length of a corpus of ids, dedup; `inputs`:
+each input file's size and modification time). A shard is "done" only when its entry's settings
+and inputs are this run's; a run whose settings or inputs differ from those of the shards or the
+manifest already in `output` is refused before anything is written, naming what differs - never a
+corpus of mixed shards or a manifest describing shards it was not made from.
+
+One writer: `output/.sentemb.lock` is held while the run writes (worker k of n: its own
+`.sentemb.lock.worker-k-of-n`, the workers of one corpus share the directory); locking.
 """
 from __future__ import annotations
 
@@ -41,6 +51,7 @@ from sentemb_jax.data.example_proto import example_class
 from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
 from sentemb_jax.data.prepared_corpus import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
 from sentemb_jax.errors import DataError, SentembError
+from sentemb_jax.locking import LOCK_FILE, DirectoryLock
 from sentemb_jax.paths import is_remote
 from sentemb_jax.tokenization import tokenizer_fingerprint
 
@@ -144,9 +155,10 @@ def _rows(spec: FileSpec, task: ShardTask, path: str, counts: dict, on_bad_row: 
 
 
 def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = "error", dedup: bool = False,
-                tokenizer_dir: str | None = None, max_length: int = 128) -> dict:
+                tokenizer_dir: str | None = None, max_length: int = 128, record: dict | None = None) -> dict:
     """Validate the shard's input rows and write them (tokenized when tokenizer_dir is given);
-    returns (and writes beside it) its manifest entry."""
+    returns (and writes beside it) its manifest entry. record: {"settings", "inputs"} of the run
+    (preparation_record), kept in the entry."""
     serialize = _example_bytes(spec, tokenizer_dir is not None)
     text_fields = [f for f in spec.fields if f != spec.score_field]
     pending: list[dict] = []
@@ -182,6 +194,9 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
     entry = {"file": task.name, "rows": rows, "bytes": storage.size(final), "sha256": digest,
              "sources": list(task.inputs), "row_stride": task.row_stride, "row_offset": task.row_offset,
              "skipped": counts}
+    if record is not None:
+        entry["settings"] = record["settings"]
+        entry["inputs"] = {p: record["inputs"][p] for p in task.inputs if p in record["inputs"]}
     storage.write_bytes(storage.join(output, task.name + ".json"), json.dumps(entry).encode())
     return entry
 
@@ -196,20 +211,117 @@ def _flush(pending: list[dict], writer, serialize, fields, tokenizer_dir: str | 
     return n
 
 
-def _done(task: ShardTask, output: str) -> dict | None:
-    """The shard's manifest entry when a previous run finished it (entry present, file of its size)."""
+def _entry(task: ShardTask, output: str) -> dict | None:
     entry_file = storage.join(output, task.name + ".json")
     if not storage.exists(entry_file):
         return None
-    entry = json.loads(storage.read_bytes(entry_file))
+    try:
+        return json.loads(storage.read_bytes(entry_file))
+    except ValueError:
+        return None  # a torn entry: the shard is written again
+
+
+def _done(task: ShardTask, output: str, record: dict | None = None) -> dict | None:
+    """The shard's manifest entry when a previous run finished it (entry present, file of its size,
+    made with `record`'s settings and inputs when given)."""
+    entry = _entry(task, output)
+    if entry is None:
+        return None
     same = entry.get("sources") == list(task.inputs) and entry.get("row_stride") == task.row_stride
+    if record is not None and _record_differences(entry, record, task.inputs):
+        return None
     final = storage.join(output, task.name)
     return entry if same and storage.exists(final) and storage.size(final) == entry.get("bytes") else None
 
 
+def _input_stamp(path: str) -> dict:
+    """Size and modification time of an input file (what says it was replaced since)."""
+    if is_remote(path):
+        stat = storage._tf().io.gfile.stat(path)
+        return {"bytes": int(stat.length), "mtime_ns": int(getattr(stat, "mtime_nsec", 0))}
+    stat = os.stat(path)
+    return {"bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def preparation_record(spec: FileSpec, files: Sequence[str], kind: str, dedup: bool, tokenizer_dir: str | None,
+                       max_length: int) -> dict:
+    """{"settings": what decides a shard's bytes besides its inputs, "inputs": {file: size, mtime}}."""
+    columns = {"fields": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.fields.items()},
+               "text_fields": list(spec.text_fields) if spec.text_fields is not None else None,
+               "score_field": spec.score_field, "score_range": list(spec.score_range) if spec.score_range else None,
+               "keep": {k: list(v) for k, v in dict(spec.keep).items()}, "clean": spec.clean}
+    settings = {"kind": kind, "columns": columns, "dedup": dedup,
+                "tokenizer": None if tokenizer_dir is None else tokenizer_fingerprint(tokenizer_dir),
+                "max_length": None if tokenizer_dir is None else max_length}
+    return json.loads(json.dumps({"settings": settings, "inputs": {f: _input_stamp(f) for f in files}}))
+
+
+def _record_differences(made: dict, now: dict, inputs: Sequence[str] | None = None) -> list[str]:
+    """What differs between what shards / a manifest were made with (`made`: an entry or a manifest)
+    and this run's record; inputs: the input files to compare (None: every one `made` names)."""
+    before = made.get("settings")
+    if before is None:
+        return ["settings: not recorded (made by an earlier version of prepare_corpus)"]
+    out = [f"{key}: {before.get(key)!r} -> {now['settings'].get(key)!r}"
+           for key in sorted(set(before) | set(now["settings"])) if before.get(key) != now["settings"].get(key)]
+    made_inputs = made.get("inputs") or {}
+    for path in sorted(made_inputs if inputs is None else inputs):
+        a, b = made_inputs.get(path), now["inputs"].get(path)
+        if a != b:
+            out.append(f"input {path}: " + ("not an input now" if b is None else "not recorded" if a is None
+                                             else f"changed since ({a.get('bytes')} -> {b.get('bytes')} bytes, "
+                                                  "or another modification time)"))
+    return out
+
+
+def _check_output(output: str, tasks: Sequence[ShardTask], record: dict) -> None:
+    """Refuse (DataError) a run into a directory holding shards or a manifest made with other
+    settings, inputs or another shard plan: it would mix them or replace their manifest."""
+    if not storage.isdir(output):
+        return
+    problems = []
+    manifest_file = storage.join(output, MANIFEST)
+    planned = {t.name for t in tasks}
+    if storage.exists(manifest_file):
+        try:
+            manifest = json.loads(storage.read_bytes(manifest_file))
+        except ValueError:
+            manifest = {}
+        changed = _record_differences(manifest, record)
+        if changed:
+            problems.append(f"its {MANIFEST}: " + "; ".join(changed))
+        names = {e.get("file") for e in manifest.get("shards", [])}
+        if names != planned:
+            problems.append(f"its {MANIFEST} lists other shards ({len(names)}, e.g. {sorted(names)[:1]}) than this run "
+                            f"plans ({len(planned)}, e.g. {sorted(planned)[:1]})")
+    others = sorted(name for name in _entry_names(output) if name not in planned)
+    if others:
+        problems.append(f"shards of another preparation ({len(others)}, e.g. {others[0]})")
+    for task in tasks:
+        entry = _entry(task, output)
+        if entry is not None:
+            changed = _record_differences(entry, record, task.inputs)
+            if changed:
+                problems.append(f"shard {task.name}: " + "; ".join(changed))
+                break  # the first shard says it; the others were made alike
+    if problems:
+        raise DataError(f"prepare_corpus output {output} holds a corpus made otherwise: " + " | ".join(problems)
+                        + ". Preparing into it would mix the two; use another output directory, or delete this one "
+                        "to prepare it again")
+
+
+def _entry_names(output: str) -> list[str]:
+    """The shard names of the entries (`<shard>.json`) in `output`."""
+    try:
+        files = storage.expand(storage.join(output, "*.array_record.json"))
+    except DataError:  # no file matches
+        return []
+    return [f.rstrip("/").rsplit("/", 1)[-1][: -len(".json")] for f in files]
+
+
 def _run_one(args) -> dict:
-    spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length = args
-    return write_shard(spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length)
+    spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length, record = args
+    return write_shard(spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length, record)
 
 
 def _run_in_processes(jobs: list, processes: int, bar) -> None:
@@ -253,13 +365,27 @@ def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int 
             raise DataError(f"{f}: no such file")
     k, n = worker
     tasks = plan_shards(files, num_shards, prefix)
+    record = preparation_record(spec, files, kind, dedup, tokenizer_dir, max_length)
+    _check_output(output, tasks, record)  # before anything is written
     storage.makedirs(output)
+    lock = None if n == 1 else storage.join(output, f"{LOCK_FILE}.worker-{k}-of-{n}")
+    with DirectoryLock(output, "prepare_corpus output", lock_path=lock, job="prepare_corpus"):
+        _check_output(output, tasks, record)  # again, now that no other run of this worker writes it
+        return _prepare_locked(spec, tasks, output, record, worker, on_bad_row=on_bad_row, dedup=dedup,
+                               processes=processes, kind=kind, progress=progress, tokenizer_dir=tokenizer_dir,
+                               max_length=max_length)
+
+
+def _prepare_locked(spec: FileSpec, tasks: list[ShardTask], output: str, record: dict, worker: tuple[int, int], *,
+                    on_bad_row: str, dedup: bool, processes: int, kind: str, progress: bool, tokenizer_dir: str | None,
+                    max_length: int) -> dict:
+    k, n = worker
     mine = [t for t in tasks if t.index % n == k]
-    todo = [t for t in mine if _done(t, output) is None]
+    todo = [t for t in mine if _done(t, output, record) is None]
     if len(todo) < len(mine):
         log.info("%d of this worker's %d shards were finished by an earlier run: skipped", len(mine) - len(todo), len(mine))
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="prepare", unit="shard", disable=None if progress else True)
-    jobs = [(spec, t, output, on_bad_row, dedup, tokenizer_dir, max_length) for t in todo]
+    jobs = [(spec, t, output, on_bad_row, dedup, tokenizer_dir, max_length, record) for t in todo]
     if processes > 1 and len(jobs) > 1:
         _run_in_processes(jobs, min(processes, len(jobs)), bar)
     else:
@@ -269,12 +395,14 @@ def prepare(spec: FileSpec, inputs: Sequence[str], output: str, num_shards: int 
     bar.close()
     tokenizer = None if tokenizer_dir is None else {"fingerprint": tokenizer_fingerprint(tokenizer_dir),
                                                      "max_length": max_length, "source": tokenizer_dir}
-    return finalize(spec, tasks, output, kind, tokenizer)
+    return finalize(spec, tasks, output, kind, tokenizer, record)
 
 
-def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str = "", tokenizer: dict | None = None) -> dict:
-    """Write manifest.json when every shard's entry is present; else return what is done so far."""
-    entries = [_done(t, output) for t in tasks]
+def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str = "", tokenizer: dict | None = None,
+             record: dict | None = None) -> dict:
+    """Write manifest.json when every shard's entry is present (made with `record`'s settings and
+    inputs, when given); else return what is done so far."""
+    entries = [_done(t, output, record) for t in tasks]
     missing = [t.name for t, e in zip(tasks, entries) if e is None]
     if missing:
         return {"complete": False, "shards_done": len(tasks) - len(missing), "shards": len(tasks), "missing": missing[:5]}
@@ -284,6 +412,8 @@ def finalize(spec: FileSpec, tasks: Sequence[ShardTask], output: str, kind: str 
                 "rows": sum(e["rows"] for e in entries), "shards": entries}
     if tokenizer is not None:
         manifest["tokenizer"] = tokenizer
+    if record is not None:
+        manifest.update(settings=record["settings"], inputs=record["inputs"])
     for reason in ("malformed", "filtered", "empty_text", "junk", "duplicate"):
         manifest[f"skipped_{reason}"] = sum(e["skipped"].get(reason, 0) for e in entries)
     storage.write_bytes(storage.join(output, MANIFEST), json.dumps(manifest, indent=1).encode())

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+
+import jax
+import numpy as np
 
 from sentemb_jax import partitioning
 from sentemb_jax import validation as v
 from sentemb_jax.data.sources import seqio_route_reason, task_specs
 from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import transformer_dir_of
-from sentemb_jax.errors import DataError
+from sentemb_jax.errors import DataError, TrainingError
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.preflight import require_dir, require_model_dir
+from sentemb_jax.run_dir import BEST, CHECKPOINTS
 from sentemb_jax.training.config import RunConfig
 
 TOWER, DATA = "sentemb_jax.TowerConfig", "sentemb_jax.DataConfig"
@@ -72,3 +77,57 @@ def check_inputs(config: RunConfig, method, devices=None) -> None:
         if not os.path.isfile(dev):
             raise DataError(f"{dev}: no such file (STS-B dev, scored every EvalConfig.every={config.evaluation.every} "
                             "steps; data_dir {where})", api=DATA, param="data_dir", value=data_dir, source=True)
+
+
+def saved_steps(directory: str) -> int:
+    """How many finished orbax checkpoints `directory` holds (`<step>/`; a half-written
+    `<step>.orbax-checkpoint-tmp-*` does not count: orbax removes it)."""
+    try:
+        return sum(1 for name in os.listdir(directory) if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+    except OSError:
+        return 0
+
+
+def checkpoints_to_add(keep: int, present: int, best: bool = False, best_present: int = 0) -> int:
+    """How many more train states the disk must hold at the fullest moment of the run, beyond what
+    is there already: orbax writes a new checkpoint before it deletes the oldest, so the fullest is
+    `keep` kept + the one being written (`max(keep, present) + 1`; a resume that lowered `keep`
+    deletes down to it after that write), and with the best state kept (EvalConfig.every) its one
+    copy as well - written, like a checkpoint, before the old best is deleted, one save at a time.
+    A resume with keep=1 and its one checkpoint present adds 1; a new run with keep=3 adds 4 (5 with best)."""
+    add = max(0, keep - present) + 1
+    if best:
+        add += max(0, 1 - best_present)
+    return add
+
+
+def state_size(abstract_state) -> int:
+    """Bytes of one train state (a pytree of arrays or ShapeDtypeStructs; an int is taken as is)."""
+    if isinstance(abstract_state, int):
+        return abstract_state
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+               for x in jax.tree_util.tree_leaves(abstract_state) if hasattr(x, "shape"))
+
+
+def check_disk_space(model_dir: str, abstract_state, keep: int, best: bool) -> None:
+    """Stop before the first step when MODEL_DIR's disk cannot take what the run's saves add
+    (checkpoints_to_add train states, counting the checkpoints already there; `abstract_state`:
+    the train state's shapes, or its size in bytes); the message names how many checkpoints, their
+    size and the free space. A bucket: no check. The trainer calls it as
+    `check_disk_space(model_dir, run.abstract_state, config.checkpoints.keep, bool(config.evaluation.every))`."""
+    if is_remote(model_dir):
+        return
+    each = state_size(abstract_state)
+    probe = os.path.abspath(model_dir)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    present = saved_steps(os.path.join(model_dir, CHECKPOINTS))
+    best_present = saved_steps(os.path.join(model_dir, BEST)) if best else 0
+    add = checkpoints_to_add(keep, present, best, best_present)
+    free, need = shutil.disk_usage(probe).free, add * each
+    if free < need:
+        there = f"CheckpointConfig.keep={keep}, {present} checkpoint(s) there" + (
+            f", the best one {'there' if best_present else 'to come'}" if best else "")
+        raise TrainingError(f"MODEL_DIR {model_dir}: {free / 2**30:.2f} GiB free, but {add} checkpoints of this train "
+                            f"state ({each / 2**30:.2f} GiB each) need {need / 2**30:.2f} GiB ({there}; a new checkpoint "
+                            "is written before the oldest is deleted): free space, or lower CheckpointConfig.keep")

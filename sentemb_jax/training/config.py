@@ -263,12 +263,15 @@ class CheckpointConfig:
     """Orbax checkpoints every `every` steps (the last `keep`; written atomically, with the input's
     position). allow_config_change: resume although model, batch, method or data differ from what
     the checkpoints were made with (refused by default, naming the differences). at_evaluation: a
-    checkpoint after every evaluation too (the Trans-Encoder's epoch ends)."""
+    checkpoint after every evaluation too (the Trans-Encoder's epoch ends). restart_from_scratch:
+    start again from step 0 although MODEL_DIR holds checkpoints (the old run is moved to
+    MODEL_DIR/previous_runs/<time>/, with a warning); without it such a start is refused."""
 
     every: int = 100
     keep: int = 2
     allow_config_change: bool = False
     at_evaluation: bool = False
+    restart_from_scratch: bool = False
 
     def __post_init__(self):
         api = _api(CheckpointConfig)
@@ -276,6 +279,7 @@ class CheckpointConfig:
         v.require_int(self.keep, api, "keep", 1)
         v.require_bool(self.allow_config_change, api, "allow_config_change")
         v.require_bool(self.at_evaluation, api, "at_evaluation")
+        v.require_bool(self.restart_from_scratch, api, "restart_from_scratch")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,10 @@ between restarts is left out: num_steps, time budget, evaluation and checkpoint 
 
 Damaged checkpoints: `restore_newest_good` restores the newest checkpoint that reads back; each
 newer one that does not (a truncated chunk, an empty step directory) is moved to
-`MODEL_DIR/damaged_checkpoints/<step>` with a warning naming it.
+`MODEL_DIR/damaged_checkpoints/<step>` with a warning naming it. A checkpoint that *reads* but does
+not fit the run's train state (other tree paths, shapes or dtypes: another model, optimizer or
+method) is not damaged: given its metadata reader and the restore target, `restore_newest_good`
+compares them first (`tree_differences`) and refuses the start naming what differs, moving nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import logging
 import os
 import shutil
 
+import jax
 from etils import epath
 
 from sentemb_jax.paths import is_remote
@@ -109,10 +113,79 @@ def write(model_dir: str, now: dict) -> None:
     (epath.Path(model_dir) / RUN_CONFIG_JSON).write_text(json.dumps(now, indent=1, sort_keys=True))
 
 
+def _key_name(key) -> str:
+    for attr in ("key", "name", "idx"):  # DictKey, GetAttrKey, SequenceKey / FlattenedIndexKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _leaves(tree) -> dict:
+    """{'a.b.0.c': (shape, dtype name)} of a tree of arrays, ShapeDtypeStructs or orbax ArrayMetadata
+    (a namedtuple's fields and a dict's keys read alike: orbax stores both as dicts)."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        out[".".join(_key_name(k) for k in path)] = (None if shape is None else tuple(shape),
+                                                      None if dtype is None else str(dtype))
+    return out
+
+
+def _show(value) -> str:
+    shape, dtype = value
+    return f"{shape} {dtype}" if shape is not None else str(dtype)
+
+
+def tree_differences(saved, target, limit: int = 3) -> list[str]:
+    """How a checkpoint's tree (its metadata) differs from the restore target: arrays only in the
+    checkpoint, only in the run, or of another shape / dtype - each group counted, the first
+    `limit` paths shown. [] when they fit."""
+    have, want = _leaves(saved), _leaves(target)
+    order = lambda p: (not p.startswith("params"), p)  # noqa: E731 - the params first, the optimizer's copies after
+    only_saved = sorted(set(have) - set(want), key=order)
+    only_run = sorted(set(want) - set(have), key=order)
+    other = [p for p in sorted(set(have) & set(want), key=order) if have[p] != want[p]]
+    out = []
+    if only_saved:
+        out.append(f"{len(only_saved)} array(s) only in the checkpoint ("
+                   + ", ".join(f"{p} {_show(have[p])}" for p in only_saved[:limit]) + (", ..." if len(only_saved) > limit else "") + ")")
+    if only_run:
+        out.append(f"{len(only_run)} array(s) only in this run ("
+                   + ", ".join(f"{p} {_show(want[p])}" for p in only_run[:limit]) + (", ..." if len(only_run) > limit else "") + ")")
+    if other:
+        out.append(f"{len(other)} array(s) of another shape or dtype ("
+                   + ", ".join(f"{p}: checkpoint {_show(have[p])}, this run {_show(want[p])}" for p in other[:limit])
+                   + (", ..." if len(other) > limit else "") + ")")
+    return out
+
+
+def check_fit(manager, read_metadata, target, model_dir: str, error) -> None:
+    """Raise `error` naming what differs when a checkpoint that reads (its metadata does) does not
+    fit `target`: a configuration difference, not damage - nothing is moved. A step whose metadata
+    cannot be read is left to restore_newest_good (unreadable: set aside)."""
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            saved = read_metadata(step)
+        except Exception:  # noqa: BLE001 - unreadable metadata: a damaged step, judged when restored
+            continue
+        if saved is None or not jax.tree_util.tree_leaves(saved):
+            continue  # nothing readable: damaged, not another configuration
+        changed = tree_differences(saved, target)
+        if changed:
+            source = os.path.join(str(manager.directory), str(step))
+            raise error(f"checkpoint {source} does not fit this run's train state: " + "; ".join(changed)
+                        + ". It reads back (it is not damaged): it was made with another model, optimizer or method, "
+                        "which CheckpointConfig.allow_config_change cannot resume. Rerun with the configuration it was "
+                        "made with, use a new MODEL_DIR, or set CheckpointConfig.restart_from_scratch=True to start "
+                        "again from step 0 (the old checkpoints moved to MODEL_DIR/previous_runs)")
+
+
 def restore_newest_good(manager, restore, model_dir: str, error):
     """(step, restored) of the newest checkpoint that restores, or (None, None) when there is none.
     A newer one that fails to restore is moved out of the manager's directory (so the run can
-    write that step again) to MODEL_DIR/damaged_checkpoints/<step>, with a warning."""
+    write that step again) to MODEL_DIR/damaged_checkpoints/<step>, with a warning. Call check_fit
+    first: a checkpoint of another configuration fails to restore too, and is no damage."""
     damaged = []
     for step in sorted(manager.all_steps(), reverse=True):
         try:
@@ -134,5 +207,6 @@ def restore_newest_good(manager, restore, model_dir: str, error):
             manager.reload()
     if damaged:
         raise error(f"no checkpoint of {model_dir} can be restored (damaged steps {damaged}, moved to "
-                    f"{model_dir}/damaged_checkpoints); use a new MODEL_DIR to start again")
+                    f"{model_dir}/damaged_checkpoints); use a new MODEL_DIR, or set "
+                    "CheckpointConfig.restart_from_scratch=True to start again from step 0 in this one")
     return None, None

@@ -8,7 +8,12 @@
   step, the input); the method (training.method) is injected beside the config.
 * Orbax checkpoints every CheckpointConfig.every steps (the last `keep`, written atomically),
   holding the TrainState and the input's position; a rerun with the same MODEL_DIR resumes exactly
-  where the last checkpoint left it - with the configuration it was made with (run_record).
+  where the last checkpoint left it - with the configuration it was made with (run_record). A
+  checkpoint that does not fit the run's train state is refused, naming what differs; a MODEL_DIR
+  whose checkpoints are all damaged (set aside) is never started again from step 0 unless
+  CheckpointConfig.restart_from_scratch says so (the old ones are moved to MODEL_DIR/previous_runs).
+* One writer per MODEL_DIR: the run holds MODEL_DIR/.sentemb.lock (sentemb_jax.locking) while it
+  runs; a second job on the same MODEL_DIR is refused naming the holder.
 * STS-B dev Spearman every EvalConfig.every steps; the best state is kept in MODEL_DIR/best.
 * Metrics to TensorBoard event files and MODEL_DIR/metrics.jsonl; a progress bar.
 * Several processes: each reads every process_count-th row of the global order (batch_size is the
@@ -20,21 +25,33 @@ import json
 import logging
 import os
 import shutil
+import time
 from typing import Callable
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from sentemb_jax.distributed import is_primary
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import TrainingError
+from sentemb_jax.locking import LOCK_FILE, DirectoryLock
 from sentemb_jax.paths import default_data_dir, is_remote
-from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, METRICS_JSONL, checkpoint_manager, run_path
+from sentemb_jax.run_dir import (
+    BEST,
+    CHECKPOINTS,
+    DAMAGED_CHECKPOINTS,
+    ENCODER_JSON,
+    METRICS_JSONL,
+    RUN_CONFIG_JSON,
+    TENSORBOARD,
+    checkpoint_manager,
+    run_path,
+)
 from sentemb_jax.training import run_record
-from sentemb_jax.training.checks import check_inputs
+from sentemb_jax.training.checks import check_disk_space, check_inputs
 from sentemb_jax.training.config import RunConfig, record_of
 from sentemb_jax.training.loop import (
     BestCheckpoint,
@@ -71,19 +88,32 @@ def fit(config: RunConfig, method: Method, *, model=None, batches=None, evaluato
     Trans-Encoder's phases do)."""
     model_dir = config.model_dir
     _check_model_dir(model_dir)
+    with DirectoryLock(model_dir, "MODEL_DIR", lock_path=_lock_path(model_dir), job=f"sentemb_jax {label} job"):
+        return _fit(config, method, model=model, batches=batches, evaluator=evaluator, keeper=keeper, label=label,
+                    on_start=on_start, export_dir=export_dir)
+
+
+def _fit(config: RunConfig, method: Method, *, model, batches, evaluator, keeper, label: str, on_start,
+         export_dir: str | None) -> RunState:
+    model_dir = config.model_dir
     run = setup_run(config, method, model=model, batches=batches)
     target = run.restore_target()
-    _check_disk_space(model_dir, run.abstract_state, config.checkpoints.keep + 1 + (1 if config.evaluation.every else 0))
+    check_disk_space(model_dir, run.abstract_state, config.checkpoints.keep, bool(config.evaluation.every))
+    if config.checkpoints.restart_from_scratch:  # said explicitly: the old run is set aside
+        _start_again(model_dir)
     manager = checkpoint_manager(model_dir, CHECKPOINTS, keep=config.checkpoints.keep)
     best_manager = checkpoint_manager(model_dir, BEST, keep=1) if keeper is None else None
     record = _run_record(run)
     if manager.latest_step() is not None:  # a resume: only with the configuration and data it was made with
         run_record.check_resume(model_dir, record, config.checkpoints.allow_config_change, TrainingError)
+        # A checkpoint that reads but is of another tree / shape is a configuration difference, not damage.
+        run_record.check_fit(manager, _metadata_reader(model_dir), target, model_dir, TrainingError)
     state, resumed = restore_run(manager, target, model_dir, TrainingError)
     if state is not None:
         run.batches.load_state_dict(resumed["input"])
         log.info("resumed from %s at step %d", model_dir, int(state.step))
     else:
+        _refuse_start_over(model_dir)
         state = run.initial_state(_params_from_run(config.model.params_from, target)
                                   if config.model is not None and config.model.params_from else None)
     if is_primary():  # run metadata only now that every check has passed (a refused start rewrites nothing)
@@ -121,18 +151,81 @@ def _check_model_dir(model_dir: str) -> None:
         raise TrainingError(f"MODEL_DIR {model_dir}: not writable ({e.strerror or e})") from None
 
 
-def _check_disk_space(model_dir: str, abstract_state, copies: int) -> None:
-    """Stop before the first step when MODEL_DIR cannot hold the checkpoints the run will keep
-    (`copies` train states: keep + the one being written + the best one)."""
-    state_bytes = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
-                      for x in jax.tree_util.tree_leaves(abstract_state) if hasattr(x, "shape"))
+def _lock_path(model_dir: str) -> str | None:
+    """MODEL_DIR/.sentemb.lock for process 0; `.sentemb.lock.<i>` for process i of a multi-process job
+    (the processes of one job share MODEL_DIR; those of two jobs collide process by process)."""
     if is_remote(model_dir):
-        return  # a bucket: no free-space figure to check
-    free = shutil.disk_usage(model_dir).free
-    if free < copies * state_bytes:
-        raise TrainingError(f"MODEL_DIR {model_dir}: {free / 2**30:.2f} GiB free, but {copies} checkpoints of this "
-                            f"train state ({state_bytes / 2**30:.2f} GiB each) need {copies * state_bytes / 2**30:.2f} GiB "
-                            "(free space, or lower CheckpointConfig.keep)")
+        return None
+    index = jax.process_index()
+    return os.path.join(model_dir, LOCK_FILE if index == 0 else f"{LOCK_FILE}.{index}")
+
+
+def _metadata_reader(model_dir: str) -> Callable:
+    """step -> the tree of the checkpoint's train state as its metadata describes it (orbax's public
+    item_metadata: shapes and dtypes, no array read); raises when the metadata cannot be read."""
+    reader = checkpoint_manager(model_dir, CHECKPOINTS, create=False, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()})
+
+    def read(step: int):
+        meta = reader.item_metadata(step)["state"]
+        return getattr(meta, "tree", meta)
+
+    return read
+
+
+PREVIOUS_RUNS = "previous_runs"  # MODEL_DIR/previous_runs/<time>/: a run set aside by restart_from_scratch
+
+
+def _previous_checkpoints(model_dir: str, kinds=(CHECKPOINTS, DAMAGED_CHECKPOINTS)) -> dict[str, list]:
+    """{kind: its steps} of the checkpoint folders of MODEL_DIR that hold any (finalised steps;
+    every entry of damaged_checkpoints)."""
+    found = {}
+    for kind in kinds:
+        path = epath.Path(run_path(model_dir, kind))
+        if path.is_dir():
+            names = [p.name for p in path.iterdir()]
+            steps = sorted((int(n) if n.isdigit() else n for n in names if kind == DAMAGED_CHECKPOINTS or n.isdigit()),
+                           key=lambda x: (isinstance(x, str), x))
+            if steps:
+                found[kind] = steps
+    return found
+
+
+def _describe_previous(found: dict) -> str:
+    return ", ".join(f"{kind}/ (steps {steps})" for kind, steps in found.items())
+
+
+def _refuse_start_over(model_dir: str) -> None:
+    """A run that would start from step 0 in a MODEL_DIR holding checkpoints - all damaged and set
+    aside, or none restorable - is refused: a silent restart would overwrite what is there."""
+    found = _previous_checkpoints(model_dir)
+    if found:
+        raise TrainingError(f"MODEL_DIR {model_dir} holds {_describe_previous(found)} but no checkpoint this run can "
+                            "resume from: it would start again from step 0 over them. Use a new MODEL_DIR, or set "
+                            "CheckpointConfig.restart_from_scratch=True to start again here (the old checkpoints "
+                            f"moved to {model_dir}/{PREVIOUS_RUNS})")
+
+
+def _start_again(model_dir: str) -> None:
+    """restart_from_scratch: MODEL_DIR's checkpoints (resumable, best and damaged), metrics, events
+    and run record are moved to MODEL_DIR/previous_runs/<time>/, with a warning; the run starts at 0."""
+    found = _previous_checkpoints(model_dir, (CHECKPOINTS, BEST, DAMAGED_CHECKPOINTS))
+    if not found:
+        log.info("CheckpointConfig.restart_from_scratch=True: %s holds no checkpoint; a new run", model_dir)
+        return
+    if is_remote(model_dir):
+        raise TrainingError(f"CheckpointConfig.restart_from_scratch=True on a bucket ({model_dir}): move or delete its "
+                            f"{_describe_previous(found)} yourself, or use a new MODEL_DIR")
+    aside = os.path.join(model_dir, PREVIOUS_RUNS, time.strftime("%Y%m%d-%H%M%S"))
+    if is_primary():
+        os.makedirs(aside, exist_ok=True)
+        for name in (CHECKPOINTS, BEST, DAMAGED_CHECKPOINTS, METRICS_JSONL, TENSORBOARD, RUN_CONFIG_JSON):
+            if os.path.exists(os.path.join(model_dir, name)):
+                shutil.move(os.path.join(model_dir, name), os.path.join(aside, name))
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("sentemb_jax restart_from_scratch")
+    log.warning("starting MODEL_DIR %s again from step 0 (CheckpointConfig.restart_from_scratch=True): its %s moved to %s",
+                model_dir, _describe_previous(found), aside)
 
 
 def _model_ref(init_from: str | None) -> str | None:
