@@ -18,7 +18,8 @@ LAYERS = [
     ("core", ["sentemb_jax.pooling", "sentemb_jax.losses", "sentemb_jax.partitioning", "sentemb_jax.distributed"]),
     ("models", ["sentemb_jax.models"]),
     ("io", ["sentemb_jax.checkpoints", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
-            "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache"]),
+            "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache",
+            "sentemb_jax.locking"]),
     ("data", ["sentemb_jax.data"]),
     ("inference", ["sentemb_jax.inference", "sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder",
                    "sentemb_jax.export", "sentemb_jax.onnx_export"]),
@@ -33,7 +34,7 @@ LAYERS = [
 # optional heavy dependency, or what the command line must import only after the console has
 # taken over stderr, TensorFlow where it is the tool (jobs run without it) - and only this many in
 # the package.
-MAX_LAZY_IMPORTS = 25
+MAX_LAZY_IMPORTS = 26
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 

@@ -1,0 +1,350 @@
+"""One offline report of what this stack does on the local accelerator, for a GPU host with no
+network: stages run one after the other, each in its own processes under its own time limit, and
+each stage's result goes to DIR/report.json and DIR/report.md as soon as it ends - a stage cut off
+loses nothing before it; a failed or timed-out stage is recorded and the next one runs.
+
+    python -m sentemb_jax.benchmarks.accelerator_report --out DIR [--quick] [--device cpu|gpu]
+        [--stages environment,matmul,...] [--data_dir DIR] [--model DIR]
+
+Stages: environment (versions, devices, nvidia-smi), matmul (ceilings in JAX and torch, each
+dtype and fp32 mode, beside the spec peak), tests (the device-relevant tests, parity pinned to
+'highest'), step_time (MiniLM, T5-base and T5-large in bf16, and every method's step), encode and
+train (MiniLM against sentence-transformers on the same device), default_job (the default job,
+shortened, end to end with its STS table). `--quick` runs every stage at toy sizes (a CPU check of
+the report itself). On a host without our pins, `benchmarks.portable_kit pack --for_report`
+bundles what the report needs beyond the host's packages.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+
+from sentemb_jax.benchmarks import machine
+from sentemb_jax.errors import UsageError
+
+PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
+            "torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "gin-config", "tensorboardX",
+            "tensorflow", "seqio", "pytest")
+PY = sys.executable
+SMALL = ["--gin.sentemb_jax.DataConfig.batch_size=8", "--gin.sentemb_jax.DataConfig.sequence_length=16",
+         "--gin.sentemb_jax.DataConfig.pack=False"]
+TINY_T5 = ["--gin_file", "gin/models/t5_tiny_scratch.gin", "--gin_file", "gin/runs/tiny_t5_scratch.gin"]
+BF16 = "--gin.sentemb_jax.TowerConfig.config_overrides={'dtype': 'bfloat16'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One process of a stage: its label, argv, and the JSON file it writes (read into the report)."""
+
+    label: str
+    argv: list[str]
+    json_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str
+    limit_s: float  # the whole stage, every command in it; `--quick` scales it down
+    commands: Callable[[argparse.Namespace], list[Command]] | None = None
+    in_process: Callable[[argparse.Namespace], dict] | None = None
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(args) -> dict:
+    """Versions, the devices JAX finds, nvidia-smi's view of the GPU (where there is one)."""
+    out = {"python": platform.python_version(), "platform": platform.platform(),
+           "packages": {p: _version(p) for p in PACKAGES},
+           "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
+           "device_kind": jax.devices()[0].device_kind, "cpu_count": os.cpu_count()}
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    return out
+
+
+def matmul(args) -> dict:
+    """Dense matmul ceilings in JAX (machine.matmul_ceiling) and torch on the same device, per dtype
+    and fp32 mode, with the spec peak beside each."""
+    device = machine.select_devices(args.device)[0]
+    gpu = device.platform == "gpu"
+    n = 512 if args.quick else (8192 if gpu else 2048)
+    kinds = [("float32", "highest"), ("bfloat16", "default")] + ([("float32", "tensorfloat32")] if gpu else [])
+    rows = []
+    for dtype, precision in kinds:
+        ceiling = machine.matmul_ceiling(device, dtype, precision, n=n)
+        peak = machine.spec_peak(device, dtype, precision)
+        rows.append({"side": "jax", "dtype": dtype, "precision": precision, "n": n, "tflops": ceiling / 1e12,
+                     "spec_peak_tflops": peak / 1e12 if peak else None})
+        rows.append({"side": "torch", "dtype": dtype, "precision": precision, "n": n,
+                     "tflops": _torch_matmul_tflops(gpu, dtype, precision, n), "spec_peak_tflops": peak / 1e12 if peak else None})
+    return {"device": machine.device_description([device]), "rows": rows}
+
+
+def _torch_matmul_tflops(gpu: bool, dtype: str, precision: str, n: int, repeats: int = 10) -> float | None:
+    try:
+        import torch  # lazy: only this stage times torch, and a host may lack it
+    except ImportError:
+        return None
+    dev = "cuda" if gpu else "cpu"
+    if gpu and not torch.cuda.is_available():
+        return None
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tensorfloat32"
+    a = torch.randn(n, n, device=dev, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, device=dev, dtype=getattr(torch, dtype))
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    a @ b
+    sync()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync()
+    return 2 * n ** 3 * repeats / (time.perf_counter() - started) / 1e12
+
+
+def _device_flag(args) -> list[str]:
+    return ["--device", args.device] if args.device else []
+
+
+def tests(args) -> list[Command]:
+    files = ["tests/test_attention.py"] if args.quick else \
+        ["tests/test_attention.py", "tests/test_loop_sync.py", "tests/test_t5_parity.py", "tests/test_bert_parity.py"]
+    return [Command("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files])]
+
+
+def step_time_configs(quick: bool) -> list[tuple[str, list[str], str]]:
+    """(label, gin arguments, program): the three model sizes in bf16, then every method's step."""
+    if quick:
+        return [("t5_tiny_contrastive", TINY_T5 + SMALL, "train"),
+                ("t5_tiny_gradcache", TINY_T5 + SMALL + ["--gin.sentemb_jax.Contrastive.chunk_size=4",
+                                                        "--gin.sentemb_jax.Contrastive.gradcache=True"], "train")]
+    minilm = ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/minilm_nli.gin"]
+    one = ["--mesh", "1,1,1"]
+    student = ["--gin_file", "gin/models/minilm_student.gin"]
+    return [
+        ("minilm_bf16_batch256", minilm + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256",
+                                           "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
+        ("minilm_fp32_batch256", minilm + ["--gin.sentemb_jax.DataConfig.batch_size=256",
+                                           "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
+        ("t5_base_bf16", ["--gin_file", "gin/st5_base.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=256"], "train"),
+        ("t5_large_bf16", ["--gin_file", "gin/st5_large.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("minilm_gradcache", minilm + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256", "--gin.sentemb_jax.DataConfig.pack=False",
+                                       "--gin.sentemb_jax.Contrastive.chunk_size=64", "--gin.sentemb_jax.Contrastive.gradcache=True"], "train"),
+        ("congen", student + ["--gin_file", "gin/runs/congen_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("sct", student + ["--gin_file", "gin/runs/sct_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("trans_encoder_cross", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
+         "cross_step"),
+        ("trans_encoder_bi", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
+         "bi_step"),
+        ("ensemble_student", student + ["--gin_file", "gin/runs/ensemble_distill_cpu.gin"], "ensemble_student"),
+    ]
+
+
+def step_time(args) -> list[Command]:
+    steps = ["--steps", "2", "--warmup", "1"] if args.quick or args.tiny_shapes else ["--steps", "20", "--warmup", "3"]
+    shrink = ["--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16"] \
+        if args.tiny_shapes else []
+    chunk = ["--gin.sentemb_jax.Contrastive.chunk_size=2"] if args.tiny_shapes else []  # divides batch 4
+    return [Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *shrink,
+                            *(chunk if "gradcache" in label else []), "--program", program, *steps,
+                            *_device_flag(args), "--json", os.path.join(args.out, f"step_time_{label}.json")],
+                    os.path.join(args.out, f"step_time_{label}.json"))
+            for label, gin, program in step_time_configs(args.quick)]
+
+
+def _model_and_data(args) -> list[str]:
+    return (["--model", args.model] if args.model else []) + (["--data_dir", args.data_dir] if args.data_dir else [])
+
+
+def encode(args) -> list[Command]:
+    if args.quick:
+        extra = ["--only", "sentemb_jax_packed,sentence_transformers", "--rounds", "1", "--batch_size", "16"]
+    else:
+        extra = ["--bf16", "--rounds", "3"]
+    return [Command("encode_throughput", [PY, "-m", "sentemb_jax.benchmarks.encode_throughput", *_device_flag(args),
+                                          *extra, *_model_and_data(args)])]
+
+
+def train(args) -> list[Command]:
+    extra = ["--rounds", "1", "--steps", "1", "--batch_size", "4"] if args.quick else ["--bf16"]
+    return [Command("train_throughput", [PY, "-m", "sentemb_jax.benchmarks.train_throughput", *_device_flag(args),
+                                         *extra, *_model_and_data(args)])]
+
+
+def default_job(args) -> list[Command]:
+    steps = 2 if args.quick else 100
+    data = [f"--gin.DATA_DIR='{args.data_dir}'"] if args.data_dir else []
+    return [Command("default_job", [PY, "-m", "sentemb_jax.main", "--gin_file=gin/default.gin",
+                                    f"--gin.MODEL_DIR='{os.path.join(args.out, 'default_job')}'", f"--gin.NUM_STEPS={steps}",
+                                    "--gin.sentemb_jax.RunConfig.time_budget_s=None", *data])]
+
+
+# The limits bound the whole report to 7.7 minutes whatever a stage does (a stage past its limit is
+# cut, recorded, and the next one runs). step_time's 230 s is for 10 processes: on 2 CPU cores each
+# took 14-53 s at toy shapes (start-up and compile, which dominate), and a GPU host has 16 cores.
+STAGES = (
+    Stage("environment", 15, in_process=environment),
+    Stage("matmul", 25, in_process=matmul),
+    Stage("tests", 40, commands=tests),
+    Stage("step_time", 230, commands=step_time),
+    Stage("encode", 45, commands=encode),
+    Stage("train", 45, commands=train),
+    Stage("default_job", 60, commands=default_job),
+)
+
+
+class Report:
+    """DIR/report.json and DIR/report.md, rewritten whole after every stage (each write is a
+    rename of a complete file, so a report cut off mid-write keeps the previous one)."""
+
+    def __init__(self, out: str, header: dict):
+        self.out, self.data = out, {"header": header, "stages": {}}
+
+    def add(self, name: str, entry: dict) -> None:
+        self.data["stages"][name] = entry
+        self._write("report.json", json.dumps(self.data, indent=1, default=str))
+        self._write("report.md", self.markdown())
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = os.path.join(self.out, f".{name}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(self.out, name))
+
+    def markdown(self) -> str:
+        lines = ["# Accelerator report", "", f"`{' '.join(self.data['header']['argv'])}`", "",
+                 "| stage | status | seconds | limit |", "|---|---|---:|---:|"]
+        for name, e in self.data["stages"].items():
+            lines.append(f"| {name} | {e['status']} | {e['seconds']:.1f} | {e['limit_s']:.0f} |")
+        timed = [c for c in self.data["stages"].get("step_time", {}).get("commands", []) if "result" in c]
+        if timed:
+            lines += ["", "| step | device | dtype | batch x length | median ms | examples/s | MFU (ceiling) | MFU (spec) "
+                      "| peak GiB | compiled GiB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+            for c in timed:
+                r = c["result"]
+                spec = f"{100 * r['mfu_vs_spec']:.1f}%" if r.get("mfu_vs_spec") is not None else "-"
+                gib = lambda x: f"{x / 2**30:.2f}" if x else "-"  # noqa: E731
+                lines.append(f"| {c['label']} ({r['method']}) | {r['device'][:40]} | {r['dtype']} | {r['batch']} x "
+                             f"{r['sequence_length']} | {1e3 * r['median_s']:.2f} | {r['examples_per_s']:.1f} | "
+                             f"{100 * r['mfu_vs_ceiling']:.1f}% | {spec} | {gib(r['peak_device_bytes'])} | "
+                             f"{gib(r['compiled_bytes'])} |")
+        for name, e in self.data["stages"].items():
+            lines += ["", f"## {name}: {e['status']}", ""]
+            if "result" in e:
+                lines += ["```", json.dumps(e["result"], indent=1, default=str)[:6000], "```"]
+            for c in e.get("commands", []):
+                lines += [f"`{c['label']}`: {c['status']} in {c['seconds']:.1f} s (exit {c['returncode']})", "",
+                          "```", c["output_tail"], "```"]
+        return "\n".join(lines) + "\n"
+
+
+def run_commands(commands: list[Command], limit_s: float, env: dict) -> tuple[str, list[dict]]:
+    """The stage's commands one after another within its limit; a command past the remaining time
+    is killed (its process group) and recorded as timed out, the ones after it as not run."""
+    started, out, status = time.monotonic(), [], "ok"
+    for c in commands:
+        left = limit_s - (time.monotonic() - started)
+        if left <= 1:
+            out.append({"label": c.label, "status": "not run (stage limit)", "seconds": 0.0, "returncode": None,
+                        "output_tail": ""})
+            status = "timed out"
+            continue
+        t0 = time.monotonic()
+        proc = subprocess.Popen(c.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        try:
+            text, _ = proc.communicate(timeout=left)
+            state = "ok" if proc.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            text, _ = proc.communicate()
+            state = "timed out"
+        entry = {"label": c.label, "status": state, "seconds": time.monotonic() - t0, "returncode": proc.returncode,
+                 "output_tail": (text or "")[-3000:]}
+        if c.json_file and os.path.exists(c.json_file):
+            with open(c.json_file, encoding="utf-8") as f:
+                entry["result"] = json.load(f)
+        out.append(entry)
+        if state != "ok" and status == "ok":
+            status = state
+    return status, out
+
+
+def run_stage(stage: Stage, args, env: dict) -> dict:
+    limit = stage.limit_s * (args.limit_scale or 1.0)
+    started = time.monotonic()
+    entry: dict = {"limit_s": limit}
+    if stage.in_process is not None:
+        try:
+            entry["result"], entry["status"] = stage.in_process(args), "ok"
+        except Exception as e:  # recorded, and the next stage runs
+            entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"
+    else:
+        entry["status"], entry["commands"] = run_commands(stage.commands(args), limit, env)
+    entry["seconds"] = time.monotonic() - started
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sentemb_jax.benchmarks.accelerator_report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="the report's directory (created)")
+    parser.add_argument("--quick", action="store_true", help="every stage at toy sizes")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: what JAX finds")
+    parser.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(s.name for s in STAGES)}")
+    parser.add_argument("--limit_scale", type=float, default=None, help="multiply every stage's time limit")
+    parser.add_argument("--tiny_shapes", action="store_true",
+                        help="the full step_time configs at batch 4 x 16 tokens: a CPU dry run of what the GPU runs")
+    parser.add_argument("--data_dir", default=None, help="the data (default: $SENTEMB_DATA_DIR or ../shared/data)")
+    parser.add_argument("--model", default=None, help="the MiniLM model directory (default: the shipped one)")
+    args = parser.parse_args(argv)
+    names = [s.name for s in STAGES]
+    chosen = names if not args.stages else args.stages.split(",")
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        raise UsageError(f"--stages: unknown {', '.join(unknown)} (known: {', '.join(names)})")
+    if args.limit_scale is None and args.quick:
+        args.limit_scale = 2.0  # toy sizes, but on a 2-core CPU: compiles dominate
+    # Before JAX starts a backend (here or in a stage's process): every process takes GPU memory as
+    # it needs it instead of 75% up front, so the processes of the report share one GPU.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    args.out = os.path.abspath(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    env = dict(os.environ)
+    if args.data_dir:
+        env["SENTEMB_DATA_DIR"] = args.data_dir
+    report = Report(args.out, {"argv": ["python -m sentemb_jax.benchmarks.accelerator_report", *(argv or sys.argv[1:])],
+                               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
+    for stage in STAGES:
+        if stage.name in chosen:
+            entry = run_stage(stage, args, env)
+            report.add(stage.name, entry)
+            print(f"{stage.name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
+    print(f"report: {os.path.join(args.out, 'report.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
