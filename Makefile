@@ -23,8 +23,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	# two workers, each test file on one (its module fixtures built once): 24.7-26.6 min on 2 cores (clean-clone CIs of b75beb6, 4330083)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	# two workers, each test file on one (its module fixtures built once); .pytest-times.xml keeps
+	# every test's time (where the minutes go: docs/RESULTS.md, "Test-suite time")
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --junitxml=.pytest-times.xml tests
 
 clean:
 	rm -rf $(VENV)

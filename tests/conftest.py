@@ -9,6 +9,10 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Parity and equivalence tolerances (1e-4 and tighter) are for IEEE float32 products: pinned for
+# every test and every process a test starts. On a CPU that is what float32 dots do anyway; on an
+# NVIDIA GPU JAX's default would run them as TF32 (RunConfig.matmul_precision sets a job's own).
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 # One XLA compilation cache for the whole run: jax's persistent cache in a new temporary folder,
 # shared by the pytest workers and every process a test starts (they inherit these variables; the

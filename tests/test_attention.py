@@ -1,7 +1,7 @@
-"""Attention through jax.nn.dot_product_attention with boolean masks equals the attention it replaced
-- einsum, a dense float32 bias of -1e9 for masked keys, float32 softmax, einsum - for padding masks,
-packed segments, T5's relative-position bias with padding and with a causal mask, in float32 and
-bfloat16; the written-out path used under attention dropout equals it at rate 0."""
+"""Attention with boolean masks - jax.nn.dot_product_attention ('xla' / 'cudnn') and the written-out
+default - equals the attention it replaced (einsum, a dense float32 bias of -1e9 for masked keys,
+float32 softmax, einsum) for padding masks, packed segments, T5's relative-position bias with
+padding and with a causal mask, in float32 and bfloat16; so does the dropout path at rate 0."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,12 +62,13 @@ def test_dot_product_attention_equals_the_dense_bias_attention(case, dtype, atol
     bias = make()
     q, k, v = qkv(dtype)
     with jax.default_matmul_precision("highest"):
-        new = common.attention(q, k, v, bias, scale, dropout=None)
+        library = common.attention(q, k, v, bias, scale, dropout=None, implementation="xla")  # jax.nn's
+        written_out = common.attention(q, k, v, bias, scale, dropout=None)  # the default
+        with_dropout = common.attention(q, k, v, bias, scale, dropout=lambda w: w)  # dropout's path at rate 0
         old = reference(q, k, v, dense(bias), scale)
-        written_out = common.attention(q, k, v, bias, scale, dropout=lambda w: w)  # dropout's path at rate 0
-    assert new.dtype == old.dtype == dtype
-    np.testing.assert_allclose(np.asarray(new, np.float32), np.asarray(old, np.float32), atol=atol, rtol=0)
-    np.testing.assert_allclose(np.asarray(written_out, np.float32), np.asarray(new, np.float32), atol=atol, rtol=0)
+    assert library.dtype == written_out.dtype == old.dtype == dtype
+    for new in (library, written_out, with_dropout):
+        np.testing.assert_allclose(np.asarray(new, np.float32), np.asarray(old, np.float32), atol=atol, rtol=0)
 
 
 def test_masks_are_booleans_and_combine_by_intersection():

@@ -255,21 +255,25 @@ def causal_bias(length: int) -> AttentionBias:
 
 def attention(q: Array, k: Array, v: Array, bias: AttentionBias | None, scale: float, dropout: Callable | None,
               implementation: str | None = None) -> Array:
-    """[batch, q, heads, d] attention with float32 logits and softmax whatever the activation dtype.
-    Without attention dropout: jax.nn.dot_product_attention (`implementation` 'cudnn' picks cuDNN's
-    fused kernel on NVIDIA GPUs; None / 'xla': XLA's). jax.nn's function has no dropout, so a
-    training step with attention dropout runs the same computation written out."""
+    """[batch, q, heads, d] attention, logits and softmax in float32 whatever the activation dtype.
+    implementation 'xla' or 'cudnn' (cuDNN's fused kernel on NVIDIA GPUs): jax.nn.dot_product_attention,
+    which has no dropout (a step with attention dropout runs the written-out form). None (the
+    default): written out - q.k in the activation dtype, then float32 - the form the TPU compiler
+    builds for every shipped config (libtpu 0.0.42 crashes compiling jax.nn's float32-accumulating
+    form for Sentence-T5 large)."""
     bias = bias if bias is not None else AttentionBias()
-    if dropout is None:
+    if implementation is not None and dropout is None:
         return jax.nn.dot_product_attention(q, k, v, bias=bias.bias, mask=bias.mask, scale=scale,
                                             implementation=implementation)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
     if bias.bias is not None:
         logits = logits + bias.bias
     if bias.mask is not None:
         logits = jnp.where(bias.mask, logits, MASK_LOGIT)
-    weights = dropout(jax.nn.softmax(logits, axis=-1)).astype(v.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    weights = jax.nn.softmax(logits, axis=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
 
 
 class MultiHeadAttention(nn.Module):
@@ -288,7 +292,7 @@ class MultiHeadAttention(nn.Module):
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
     out_features: int | None = None
-    implementation: str | None = None  # jax.nn.dot_product_attention's: None / 'xla', or 'cudnn'
+    implementation: str | None = None  # None: written out; 'xla' / 'cudnn': jax.nn.dot_product_attention
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, bias: AttentionBias | None,

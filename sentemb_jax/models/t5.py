@@ -64,7 +64,7 @@ class T5Config:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
-    # jax.nn.dot_product_attention's implementation: None (XLA's), or 'cudnn' for cuDNN's fused kernel.
+    # None: attention written out (XLA); 'xla' / 'cudnn': jax.nn.dot_product_attention's (cuDNN: fused, bf16).
     attention_implementation: str | None = None
 
     @property
