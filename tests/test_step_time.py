@@ -61,3 +61,20 @@ def test_bad_input_is_named_before_any_compile():
         step_time.main([*TINY, "--gin_file=gin/runs/tiny_t5_scratch.gin", "--mesh=2,1,1"])
     with pytest.raises(UsageError, match="--mesh"):
         step_time.main([*TINY, "--gin_file=gin/runs/tiny_t5_scratch.gin", "--mesh=2x1"])
+
+
+def test_a_runs_prng_impl_does_not_carry_into_the_next_run(monkeypatch):
+    """The tiny T5 recipe draws dropout with 'unsafe_rbg'; a run built after it in the same process
+    whose config names no generator gets the process's own (threefry), not the previous run's."""
+    import jax
+
+    from sentemb_jax.benchmarks import aot
+    from sentemb_jax.benchmarks.machine import select_devices
+    from sentemb_jax.training import setup
+
+    monkeypatch.chdir(REPO)
+    devices = select_devices(None)
+    aot.train_run([TINY[0].split("=", 1)[1], "gin/runs/tiny_t5_scratch.gin"], [], devices)
+    assert jax.config.jax_default_prng_impl == "unsafe_rbg"
+    aot.train_run(["gin/models/minilm_l6.gin", "gin/runs/minilm_nli.gin"], [], devices)
+    assert jax.config.jax_default_prng_impl == setup.PROCESS_PRNG_IMPL == "threefry2x32"

@@ -39,6 +39,8 @@ from sentemb_jax.training.config import RunConfig, TowerConfig
 from sentemb_jax.training.method import Method, MethodContext, TrainState, random_rows
 from sentemb_jax.training.optimizers import make_optimizer
 
+PROCESS_PRNG_IMPL = jax.config.jax_default_prng_impl  # what JAX had before any run set one
+
 log = logging.getLogger(__name__)
 _INIT_IDS = np.ones((1, 8), np.int32)  # shapes for initialisation only
 
@@ -168,8 +170,9 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
     method's preparation (a teacher, its cached embeddings) and head, the optimizer, the state's
     shapes and shardings, the jitted step and the input (the task's pipeline, or the job's
     `batches`). abstract=True: nothing is read and no teacher runs (compile-only and timing runs)."""
-    if config.prng_impl:
-        jax.config.update("jax_default_prng_impl", config.prng_impl)
+    # Every run sets the generator: one run's 'unsafe_rbg' must not carry into the next run of the
+    # same process (a notebook, the tests), whose config says nothing - the process's own default.
+    jax.config.update("jax_default_prng_impl", config.prng_impl or PROCESS_PRNG_IMPL)
     mesh = partitioning.make_mesh(*config.mesh.shape, devices=devices)
     fixed_padding = _fixed_padding(config)
     if model is None:
