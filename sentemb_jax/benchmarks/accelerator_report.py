@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import jax
 
 from sentemb_jax.benchmarks import machine
-from sentemb_jax.errors import UsageError
+from sentemb_jax.errors import SentembError, UsageError
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
             "torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "gin-config", "tensorboardX",
@@ -351,6 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except UsageError as e:
+    except SentembError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(e.exit_code)

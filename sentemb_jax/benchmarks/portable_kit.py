@@ -203,6 +203,28 @@ def pack_openvino(source: str, archive: str, preset: int = 6) -> str:
     return tag
 
 
+def compact_model(encoder: SentenceEncoder, tensors: dict, metadata: dict, names: list[str], texts: list[str],
+                  keep_ids_below: int, store_bfloat16: bool) -> dict:
+    """The kit's model: `names` ([vocab, width] tensors) cut to the rows `texts` need, the others as
+    they are (rounded to bfloat16 if asked); {"tensors", "metadata", "rows"}. Nothing is written."""
+    vocab_size = encoder.hf_config.get("vocab_size")
+    ids = _kept_ids(encoder, tensors, names, texts, keep_ids_below, vocab_size)
+    compact = {k: v for k, v in tensors.items() if k not in names}
+    compact.update({ROWS + n: np.ascontiguousarray(tensors[n][ids]) for n in names})
+    compact, widen = _stored(compact, store_bfloat16)
+    compact[IDS] = ids.astype(np.int32)
+    return {"tensors": compact, "rows": len(ids),
+            "metadata": {"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata),
+                         "widen": json.dumps(widen)}}
+
+
+def save_compact_model(compact: dict, model_dir: str, out_dir: str) -> None:
+    """out_dir/compact.safetensors and the files of model_dir a model loads (configs, tokenizer)."""
+    os.makedirs(out_dir)
+    save_file(compact["tensors"], os.path.join(out_dir, COMPACT), metadata=compact["metadata"])
+    _copy_model_files(model_dir, out_dir)
+
+
 def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, keep_ids_below: int = 1000,
          store_bfloat16: bool = False, openvino: str | None = None) -> dict:
     """Write the kit into `out` (new or empty); a summary. Everything is read and checked first.
@@ -224,23 +246,16 @@ def pack(model_dir: str, data_dir: str, out: str, entailment_rows: int = 1200, k
     work = tempfile.mkdtemp(prefix=".kit-", dir=parent)
     try:
         texts = kit_data(data_dir, os.path.join(work, "data"), entailment_rows)
-        ids = _kept_ids(encoder, tensors, names, texts, keep_ids_below, vocab_size)
-        compact = {k: v for k, v in tensors.items() if k not in names}
-        compact.update({ROWS + n: np.ascontiguousarray(tensors[n][ids]) for n in names})
-        compact, widen = _stored(compact, store_bfloat16)
-        compact[IDS] = ids.astype(np.int32)
-        os.makedirs(os.path.join(work, "model"))
-        save_file(compact, os.path.join(work, "model", COMPACT),
-                  metadata={"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata),
-                            "widen": json.dumps(widen)})
-        _copy_model_files(model_dir, os.path.join(work, "model"))
+        compact = compact_model(encoder, tensors, metadata, names, texts, keep_ids_below, store_bfloat16)
+        save_compact_model(compact, model_dir, os.path.join(work, "model"))
         if openvino_source:
             pack_openvino(openvino_source, os.path.join(work, OPENVINO_ARCHIVE))
         os.replace(work, out)  # onto a missing or empty directory
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return {"rows": len(ids), "vocab_size": vocab_size, "tensors": names, "rounded": len(widen),
+    return {"rows": compact["rows"], "vocab_size": vocab_size, "tensors": names,
+            "rounded": len(json.loads(compact["metadata"]["widen"])),
             "openvino_python": python_tag,
             "bytes": sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(out) for f in fs)}
 

@@ -22,16 +22,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
-import json
 import os
 import shutil
 import sys
 import tarfile
 import tempfile
 import zipfile
-
-import numpy as np
-from safetensors.numpy import save_file
 
 from sentemb_jax.benchmarks import portable_kit as pk
 from sentemb_jax.data.files import read_sts_pairs
@@ -109,13 +105,9 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
     tensors, metadata = pk._read_weights(os.path.join(model_dir, pk.WEIGHTS))
     vocab_size = encoder.hf_config.get("vocab_size")
     names = pk._vocab_tensors(tensors, vocab_size)
-    ids = pk._kept_ids(encoder, tensors, names, _data_texts(data_dir), 1000, vocab_size)
-    compact = {k: v for k, v in tensors.items() if k not in names}
-    compact.update({pk.ROWS + n: np.ascontiguousarray(tensors[n][ids]) for n in names})
-    compact, widen = pk._stored(compact, True)
-    compact[pk.IDS] = ids.astype(np.int32)
+    compact = pk.compact_model(encoder, tensors, metadata, names, _data_texts(data_dir), 1000, store_bfloat16=True)
     site = _site_sources()
-    bound = (sum(v.nbytes for v in compact.values()) + sum(map(os.path.getsize, data_paths))
+    bound = (sum(v.nbytes for v in compact["tensors"].values()) + sum(map(os.path.getsize, data_paths))
              + sum(_bytes(p) for p, _ in site) + sum(map(os.path.getsize, wheels)) + 2 * 2**20)  # + configs, tokenizer
     if bound > limit_mib * 2**20:
         raise ConfigError(f"the bundle would take up to {bound / 2**20:.1f} MiB, over --limit_mib {limit_mib:g} "
@@ -124,11 +116,7 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".report-kit-", dir=parent)
     try:
-        os.makedirs(os.path.join(work, "model"))
-        save_file(compact, os.path.join(work, "model", pk.COMPACT),
-                  metadata={"vocab_size": str(vocab_size), "source_metadata": json.dumps(metadata),
-                            "widen": json.dumps(widen)})
-        pk._copy_model_files(model_dir, os.path.join(work, "model"))
+        pk.save_compact_model(compact, model_dir, os.path.join(work, "model"))
         with tarfile.open(os.path.join(work, DATA_ARCHIVE), "w:xz") as tar:
             for path in data_paths:
                 tar.add(path, arcname=os.path.relpath(path, data_dir))
@@ -146,7 +134,7 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return {"rows": len(ids), "vocab_size": vocab_size, "site": sorted(n for _, n in site), "bound": bound,
+    return {"rows": compact["rows"], "vocab_size": vocab_size, "site": sorted(n for _, n in site), "bound": bound,
             "bytes": _bytes(out)}
 
 
