@@ -2,9 +2,11 @@
 
 A local directory with `config.json` and `model.safetensors` (or a sharded
 `model.safetensors.index.json`) becomes (config, params) for our Flax T5 / BERT-family modules,
-and params are written back in exactly the same layout. Every problem with a checkpoint is
-reported at once, by tensor name, in a `CheckpointError`. The head of a one-logit
-*ForSequenceClassification checkpoint maps onto the cross-encoder's (split_sequence_classifier).
+and params are written back in exactly the same layout (removing the weight files of other layouts
+that would load instead). Every problem with a checkpoint is reported at once, by tensor name, in a
+`CheckpointError`; config.json values and tensor dtypes are checked too (checkpoint_checks). The
+head of a one-logit *ForSequenceClassification checkpoint maps onto the cross-encoder's
+(split_sequence_classifier).
 
 Pickle-based checkpoints (`pytorch_model.bin`) can run arbitrary code when loaded, so they are
 refused unless the caller passes `allow_pickle=True`; even then they go through torch's
@@ -27,17 +29,13 @@ from flax import traverse_util
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
+from sentemb_jax import checkpoint_checks as checks
+from sentemb_jax.checkpoint_checks import CONFIG_FILE, PICKLE_FILE, PICKLE_INDEX, SAFETENSORS_FILE, SAFETENSORS_INDEX
 from sentemb_jax.errors import CheckpointError
 from sentemb_jax.models import BertConfig, ModelConfig, T5Config, build_model
 from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
-
-SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-PICKLE_FILE = "pytorch_model.bin"
-PICKLE_INDEX = "pytorch_model.bin.index.json"
-CONFIG_FILE = "config.json"
 
 Path = tuple[str, ...]
 
@@ -52,9 +50,11 @@ def read_hf_config_dict(model_dir: str) -> dict:
         raise CheckpointError(f"{path}: no such file (a Hugging Face model directory needs config.json)")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            hf = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    checks.check_hf_config(hf, path)  # before any tensor is read
+    return hf
 
 
 def _token_id(config, name: str, default: int) -> int:
@@ -65,8 +65,10 @@ def _token_id(config, name: str, default: int) -> int:
 _ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 
 
-def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), **overrides) -> ModelConfig:
-    """Our backbone config from a config.json dict (and which optional parts the weights hold)."""
+def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), source: str = CONFIG_FILE, **overrides) -> ModelConfig:
+    """Our backbone config from a config.json dict (and which optional parts the weights hold);
+    `source` (the file) names where a bad value came from."""
+    checks.check_hf_config(hf, source)  # transformers takes "12" for a count, or fails deep inside
     import transformers  # configs only: resolves defaults and legacy field names like HF does  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
 
     model_type = hf.get("model_type")
@@ -357,7 +359,8 @@ def unstack_layers(params: dict) -> dict:
 
 
 def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str = "checkpoint", ignore_unexpected: Iterable[str] = ()) -> dict:
-    """Map HF tensors onto our param tree, checking every name and shape; errors list them all."""
+    """Map HF tensors onto our param tree, checking every name, shape, dtype (floating for floating
+    parameters) and value (no NaN / inf); errors list them all."""
     is_t5 = isinstance(cfg, T5Config)
     name_map = hf_name_map(cfg)
     redundant = _T5_REDUNDANT if is_t5 else _BERT_REDUNDANT
@@ -379,24 +382,23 @@ def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str
         else:
             unexpected.append(raw_name)
     missing = sorted(set(name_map) - set(found))
-    wrong_shape = []
+    wrong = {"shape": [], "dtype": [], "non-finite": []}
     flat = {}
     for name, value in found.items():
         path, transpose = name_map[name]
-        value = value.T if transpose else value
+        value = np.asarray(value.T if transpose else value)
         want = expected[path]
         if tuple(value.shape) != tuple(want.shape):
-            wrong_shape.append(f"{name}: file has {tuple(value.shape if not transpose else value.T.shape)}, "
-                               f"config expects {tuple(want.shape[::-1] if transpose else want.shape)}")
+            wrong["shape"].append(f"{name}: file has {tuple(value.shape if not transpose else value.T.shape)}, "
+                                  f"config expects {tuple(want.shape[::-1] if transpose else want.shape)}")
             continue
-        flat[path] = np.asarray(value).astype(want.dtype)
-    problems = []
-    if missing:
-        problems.append(f"missing tensors ({len(missing)}): {', '.join(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors ({len(unexpected)}): {', '.join(sorted(unexpected))}")
-    if wrong_shape:
-        problems.append(f"tensors with the wrong shape ({len(wrong_shape)}): {'; '.join(sorted(wrong_shape))}")
+        # astype would turn an integer or bool tensor into weights without a word.
+        problem = checks.tensor_dtype_problem(name, value, want.dtype)
+        if problem:
+            wrong[problem[0]].append(problem[1])
+            continue
+        flat[path] = value.astype(want.dtype)
+    problems = checks.tensor_problems(missing, unexpected, wrong["shape"], wrong["dtype"], wrong["non-finite"])
     if problems:
         raise CheckpointError(f"{source}: " + " | ".join(problems))
     if heads:
@@ -490,7 +492,7 @@ def load_hf_checkpoint(model_dir: str, allow_pickle: bool = False, ignore_unexpe
         raise CheckpointError(f"{model_dir}: no such model directory")
     hf = read_hf_config_dict(model_dir)
     tensors = read_hf_tensors(model_dir, allow_pickle=allow_pickle)
-    cfg = config_from_hf(hf, tensors.keys(), **config_overrides)
+    cfg = config_from_hf(hf, tensors.keys(), source=os.path.join(model_dir, CONFIG_FILE), **config_overrides)
     params = params_from_hf(cfg, tensors, source=model_dir, ignore_unexpected=ignore_unexpected)
     return cfg, params, hf
 
@@ -503,6 +505,7 @@ def save_hf_checkpoint(model_dir: str, cfg: ModelConfig, params: dict, hf_config
         json.dump(hf_config, f, indent=2, sort_keys=True)
     total = sum(v.nbytes for v in tensors.values())
     if max_shard_bytes is None or total <= max_shard_bytes:
+        checks.remove_other_weights(model_dir, [SAFETENSORS_FILE])
         write_safetensors(os.path.join(model_dir, SAFETENSORS_FILE), tensors)
         return
     shards: list[dict[str, np.ndarray]] = [{}]
@@ -513,9 +516,11 @@ def save_hf_checkpoint(model_dir: str, cfg: ModelConfig, params: dict, hf_config
             size = 0
         shards[-1][name] = tensors[name]
         size += tensors[name].nbytes
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    # An old model.safetensors would load in place of the new shards (the loader prefers it).
+    checks.remove_other_weights(model_dir, names + [SAFETENSORS_INDEX])
     weight_map = {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    for fname, shard in zip(names, shards):
         write_safetensors(os.path.join(model_dir, fname), shard)
         weight_map.update({name: fname for name in shard})
     with open(os.path.join(model_dir, SAFETENSORS_INDEX), "w", encoding="utf-8") as f:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sentemb_jax import checkpoints
+from sentemb_jax.checkpoint_checks import remove_other_weights
 from sentemb_jax.data.packing import pack_texts
 from sentemb_jax.encoder import (
     _position_limit,
@@ -59,7 +60,7 @@ from sentemb_jax.inference import (
 )
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
-from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class CrossEncoder:
             max_seq_length = saved[2] if saved else DEFAULT_MAX_LENGTH
         tokenizer = Tokenizer.from_pretrained(tdir, max_length=_within_positions(max_seq_length, cfg, path), buckets=buckets,
                                               lowercase=layout.lowercase)
+        check_ids_fit(tokenizer, cfg.vocab_size, tdir)
         if tokenizer.max_length > (_position_limit(cfg) or tokenizer.max_length):  # the tokenizer's own default
             tokenizer = Tokenizer(tokenizer.hf, _position_limit(cfg), buckets, tokenizer.lowercase, tokenizer.source_dir)
         head = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), head)
@@ -235,6 +237,7 @@ class CrossEncoder:
               "id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
         hf.pop("num_labels", None)  # transformers writes id2label, from which it counts the labels
         _write_json(os.path.join(out_dir, checkpoints.CONFIG_FILE), hf, sort_keys=True)
+        remove_other_weights(out_dir, [checkpoints.SAFETENSORS_FILE])
         checkpoints.write_safetensors(os.path.join(out_dir, checkpoints.SAFETENSORS_FILE),
                                       checkpoints.sequence_classifier_to_hf(model_type, self.config, params["backbone"], params["head"]))
         self._write_st_files(out_dir, "sequence-classification", [("", _ST_TRANSFORMER)])
@@ -248,6 +251,7 @@ class CrossEncoder:
                     {"in_features": d, "out_features": 1, "bias": True, "activation_function": _ST_IDENTITY,
                      "module_input_name": "sentence_embedding", "module_output_name": "scores"})
         head = params["head"]
+        remove_other_weights(os.path.join(out_dir, _DENSE_DIR), [checkpoints.SAFETENSORS_FILE])
         checkpoints.write_safetensors(os.path.join(out_dir, _DENSE_DIR, checkpoints.SAFETENSORS_FILE),
                                       {"linear.weight": np.asarray(head["kernel"], np.float32).T.copy(),
                                        "linear.bias": np.asarray(head["bias"], np.float32)})

@@ -17,6 +17,7 @@ import json
 import logging
 import numbers
 import os
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -151,7 +152,31 @@ def with_prompt(texts: list[str], model, prompt, prompt_name, where: str) -> lis
     if not model.include_prompt:
         raise ConfigError(f"{where}: this model's Pooling leaves the prompt's tokens out (include_prompt: false), "
                           "which is not supported; encode without a prompt")
+    if getattr(model, "tokenizer", None) is not None:
+        warn_if_prompt_fills(model.tokenizer, prompt, where)
     return [prompt + t for t in texts]
+
+
+# tokenizer -> {prompt: its token count}: each prompt is tokenised once per tokenizer, so an encode
+# call with a prompt costs a dict lookup; a tokenizer that is dropped takes its counts with it.
+_PROMPT_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def warn_if_prompt_fills(tokenizer, prompt: str, where: str) -> None:
+    """A warning (once per tokenizer and prompt) when the prompt alone takes every token the max
+    length leaves beside the special tokens: truncation then cuts every text away, and all texts
+    embed alike."""
+    counts = _PROMPT_TOKENS.setdefault(tokenizer, {})
+    if prompt in counts:
+        return
+    text = prompt.lower() if tokenizer.lowercase else prompt
+    # verbose=False: transformers' own warning for a sequence over the model's length is not this one.
+    counts[prompt] = n = len(tokenizer.hf.encode(text, add_special_tokens=False, verbose=False))
+    room = tokenizer.max_length - tokenizer.hf.num_special_tokens_to_add(pair=False)
+    if n >= room:
+        log.warning("%s: the prompt is %d tokens and max_seq_length is %d (%d beside the special tokens): no token of "
+                    "the text is left after truncation, so every text embeds the same; prompt %r", where, n,
+                    tokenizer.max_length, room, prompt if len(prompt) <= 60 else prompt[:57] + "...")
 
 
 def check_similarity_fn_name(value, where: str = "SentenceEncoder") -> str | None:

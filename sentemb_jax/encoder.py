@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
+from sentemb_jax.checkpoint_checks import staged_save
 from sentemb_jax.errors import CheckpointError, ConfigError
 from sentemb_jax.inference import (
     DeviceParams,
@@ -40,7 +41,7 @@ from sentemb_jax.models import BertConfig, ModelConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
-from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_texts
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
 from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
@@ -276,6 +277,7 @@ class SentenceEncoder(contract.ModelSettings):
             layout.transformer_dir, max_length=_within_positions(layout.max_seq_length if max_seq_length is None else max_seq_length, cfg, path),
             buckets=buckets, lowercase=layout.lowercase,
         )
+        check_ids_fit(tokenizer, cfg.vocab_size, layout.transformer_dir)
         if tokenizer.max_length > (_position_limit(cfg) or tokenizer.max_length):  # the tokenizer's own default
             tokenizer = Tokenizer(tokenizer.hf, _position_limit(cfg), buckets, tokenizer.lowercase, tokenizer.source_dir)
         return cls(module, embedder_param_tree(backbone_params, projection), tokenizer, hf, prompts=prompts,
@@ -490,10 +492,11 @@ class SentenceEncoder(contract.ModelSettings):
         """A sentence-transformers directory (Transformer at the root, Pooling, Dense, Normalize, and
         config_sentence_transformers.json with the prompts, default_prompt_name, similarity_fn_name
         and truncate_dim) that `SentenceEncoder.from_pretrained` and sentence-transformers load.
-        One writer at a time: `out_dir/.sentemb.lock` is held while it is written (locking)."""
+        One writer at a time: `out_dir/.sentemb.lock` is held while it is written (locking); written
+        aside, then moved in (staged_save): an interrupted save leaves `out_dir` as it was."""
         os.makedirs(out_dir, exist_ok=True)
         with DirectoryLock(out_dir, "export directory", job="save_pretrained"):
-            self._save_pretrained(out_dir)
+            staged_save(out_dir, self._save_pretrained)
 
     def _save_pretrained(self, out_dir: str) -> None:
         params = jax.device_get(self.params)

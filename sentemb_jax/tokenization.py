@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sentemb_jax.errors import InvalidTextError, TokenizerError
+from sentemb_jax.errors import CheckpointError, InvalidTextError, TokenizerError
 
 # Steps of ~12-25%: padding waste stays small (cost is linear in padded length) while a corpus
 # compiles at most ~20 shapes. Coarser buckets (8, 16, 32, ...) cost ~25% throughput on STS-B.
@@ -86,6 +86,12 @@ class Tokenizer:
             max_length = model_max if model_max and model_max < 100_000 else 512
         return cls(hf, max_length, buckets, lowercase, source_dir=model_dir)
 
+    def largest_id(self) -> int:
+        """The largest token id this tokenizer can give: the vocabulary's size less one, or an added
+        token's id past it."""
+        added = getattr(self.hf, "added_tokens_decoder", None) or {}
+        return max(len(self.hf) - 1, max(added, default=-1))
+
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids (with special tokens) of each text, truncated to max_length; no padding."""
         if self.lowercase:
@@ -138,6 +144,16 @@ class Tokenizer:
             src, dst = os.path.join(self.source_dir, name), os.path.join(out_dir, name)
             if os.path.isfile(src) and not os.path.exists(dst):
                 shutil.copyfile(src, dst)
+
+
+def check_ids_fit(tokenizer: Tokenizer, vocab_size: int, where: str) -> None:
+    """CheckpointError naming `where` (the model directory) and both numbers when the tokenizer can
+    give a token id the model's embedding table has no row for: JAX's lookup (jnp.take) does not
+    fail on one, it embeds it as NaN."""
+    top = tokenizer.largest_id()
+    if top >= vocab_size:
+        raise CheckpointError(f"{where}: the tokenizer's largest token id is {top}, but the model's embedding table has "
+                              f"{vocab_size} rows (vocab_size); ids >= {vocab_size} have no embedding")
 
 
 def tokenizer_fingerprint(model_dir: str) -> str:

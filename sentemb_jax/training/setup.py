@@ -33,7 +33,7 @@ from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
 from sentemb_jax.errors import TrainingError
 from sentemb_jax.models.sentence import SentenceEmbedder
-from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
+from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer, check_ids_fit
 from sentemb_jax.training import sharded
 from sentemb_jax.training.config import RunConfig, TowerConfig
 from sentemb_jax.training.method import Method, MethodContext, TrainState, random_rows
@@ -238,8 +238,10 @@ def load_tower(tower: TowerConfig, sequence_length: int, tokenizer: bool = True)
         return encoder
     module = SentenceEmbedder(tower.backbone, pooling=tower.pooling or ("mean",), projection_dim=tower.projection_dim,
                               normalize=tower.normalize)
-    return SentenceEncoder(module, None, Tokenizer.from_pretrained(tower.tokenizer_dir, max_length=sequence_length)
-                           if tokenizer else None)
+    tok = Tokenizer.from_pretrained(tower.tokenizer_dir, max_length=sequence_length) if tokenizer else None
+    if tok is not None:
+        check_ids_fit(tok, tower.backbone.vocab_size, f"{tower.tokenizer_dir} (TowerConfig.tokenizer_dir, beside TowerConfig.backbone)")
+    return SentenceEncoder(module, None, tok)
 
 
 def with_head(encoder: SentenceEncoder, dim: int | None, seed: int) -> SentenceEncoder:
@@ -270,6 +272,9 @@ def _input(config: RunConfig, model, fixed_padding: bool):
         own = getattr(model, "tokenizer", None)
         tokenizer = (own if own is not None and not (config.model and config.model.tokenizer_dir)
                      else Tokenizer.from_pretrained(_tokenizer_dir(config.model, model), max_length=data.sequence_length))
+        vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+        if tokenizer is not own and vocab_size is not None:
+            check_ids_fit(tokenizer, vocab_size, f"{tokenizer.source_dir} (the tokenizer of the training input)")
         return reader.numpy_batches(data, tokenizer, shard, buckets, data.same_length or fixed_padding)
     require_tensorflow(*seqio_route_reason(data))
     from sentemb_jax.data import pipeline  # lazy: seqio / TensorFlow, only for the seqio route
