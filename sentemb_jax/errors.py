@@ -106,6 +106,22 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or Ctrl-C outside the train loop (which checkpoints first and raises Preempted): the
+    phase under way stops. A KeyboardInterrupt, so that `except Exception` lets it through. A phase
+    that stops children or keeps finished work (prepare_corpus's shards) appends a line to `kept`
+    on its way out; the command line prints them (exit code 128 + signum)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(signum))
+        self.signum = signum
+        self.kept: list[str] = []
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 class Preempted(SentembError):
     """The run stopped on a signal after checkpointing `step` (exit code 128 + signum)."""
 

@@ -10,9 +10,13 @@
                                  it has not happened (the moment a half-written checkpoint exists)
     SENTEMB_FAULT=after_rung:K   SIGKILL of a scaling study right after its K-th rung is finished
                                  (trained, evaluated, rung.json written) and before the next starts
+    SENTEMB_FAULT=sigterm_in:PHASE  SIGTERM to the job at the start of a phase outside the train
+                                 loop: eval_at_start, teacher_embedding, export, or
+                                 prepare_after_shard (in prepare_corpus's parent, once its first
+                                 shard is finished, while the workers write the others)
 
 Unset (always, outside tests) it does nothing. The train loop calls `install()` once and
-`after_step(step, wait)` after each step.
+`after_step(step, wait)` after each step; each phase calls `in_phase(name)` as it starts.
 """
 from __future__ import annotations
 
@@ -22,16 +26,20 @@ import signal
 
 ENV = "SENTEMB_FAULT"
 KINDS = ("after_step", "sigterm_after_step", "in_save", "after_rung")
+PHASES = ("eval_at_start", "teacher_embedding", "export", "prepare_after_shard")
 
 
-def planned() -> tuple[str, int] | None:
+def planned() -> tuple[str, int | str] | None:
     value = os.environ.get(ENV)
     if not value:
         return None
-    kind, _, step = value.partition(":")
-    if kind not in KINDS or not step.isdigit():
-        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(k + ':<step>' for k in KINDS)}")
-    return kind, int(step)
+    kind, _, where = value.partition(":")
+    if kind == "sigterm_in" and where in PHASES:
+        return kind, where
+    if kind not in KINDS or not where.isdigit():
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(k + ':<step>' for k in KINDS)} "
+                         f"or sigterm_in:<{'|'.join(PHASES)}>")
+    return kind, int(where)
 
 
 def _die() -> None:
@@ -70,6 +78,11 @@ def after_step(step: int, wait_for_checkpoint) -> None:
         wait_for_checkpoint()  # a checkpoint of this step, if one was started, is finalised first
         _die()
     if plan == ("sigterm_after_step", step):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this call returns
+
+
+def in_phase(name: str) -> None:
+    if planned() == ("sigterm_in", name):
         os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this call returns
 
 

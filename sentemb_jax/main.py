@@ -8,11 +8,13 @@ checkpoint, model directory, a config's validation) -> its message and exit code
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 import tokenize
@@ -26,7 +28,7 @@ from sentemb_jax import configuration
 from sentemb_jax.configuration import UNSET, ConfigurableReference, bound_value
 from sentemb_jax.console import Console
 from sentemb_jax.dependencies import require_tensorflow
-from sentemb_jax.errors import ConfigError, Preempted, SentembError, UsageError
+from sentemb_jax.errors import ConfigError, Interrupted, Preempted, SentembError, UsageError, signal_name
 
 REPO_GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
@@ -266,9 +268,31 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(verbosity, argv).start()
     try:
-        return _run_job(argv, console)
+        with _signals_interrupt():
+            return _run_job(argv, console)
     finally:
         console.finish()
+
+
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGINT raise Interrupted wherever the job is (the train loop sets its own
+    handlers: it checkpoints first), so every phase unwinds: a phase with child processes stops
+    them, temporary files go, one line says what was kept. Python's default SIGTERM kills at
+    once, leaving children and no line."""
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        yield
+        return
+
+    def interrupt(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _run_job(argv: list[str], console) -> int:
@@ -322,8 +346,8 @@ def _run_job(argv: list[str], console) -> int:
         return e.exit_code
     except SentembError as e:  # ours (sentemb_jax.errors): its exit code - 2 usage / config, 1 bad input
         return fail(e, e.exit_code)
-    except KeyboardInterrupt as e:
-        return fail(e, 130, "interrupted")
+    except KeyboardInterrupt as e:  # Interrupted (a signal outside the train loop), or a second Ctrl-C in it
+        return _interrupted(e, console)
     except (FileNotFoundError, ValueError) as e:
         # Bad values found by a library or a config's own validation (e.g. a dataclass's
         # __post_init__) end the job with their message; the traceback goes to the log file.
@@ -341,6 +365,31 @@ def _verbosity(argv: list[str]) -> int:
                 raise UsageError(f"--verbosity={value}: must be 0 (our lines), 1 (+ library warnings) or 2 (+ library INFO)")
             return int(value)
     return 0
+
+
+def _interrupted(e: KeyboardInterrupt, console) -> int:
+    """One line: the signal, what was kept, how to continue."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    console.log_only("".join(traceback.format_exception(e)))
+    kept = list(getattr(e, "kept", []))
+    model_dir = _model_dir_of_config()
+    if not kept and model_dir:
+        steps = _checkpoint_steps(model_dir)
+        kept.append(f"{model_dir} keeps its checkpoints (the last of step {max(steps)})" if steps
+                    else "no checkpoint of this run was written yet")
+    console.say(f"stopped by {signal_name(signum)}: {'; '.join(kept) or 'nothing was written'}; "
+                "run the same command to continue")
+    return 128 + signum
+
+
+def _checkpoint_steps(model_dir: str) -> list[int]:
+    """The steps of MODEL_DIR/checkpoints/<step> (orbax's finished checkpoints; run_dir.CHECKPOINTS,
+    read without importing orbax)."""
+    try:
+        names = os.listdir(os.path.join(model_dir, "checkpoints"))
+    except OSError:
+        return []
+    return [int(n) for n in names if n.isdigit()]
 
 
 def _keep_gin_config(model_dir: str, console) -> None:

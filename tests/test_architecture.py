@@ -17,9 +17,9 @@ LAYERS = [
     ("config checks", ["sentemb_jax.paths", "sentemb_jax.validation", "sentemb_jax.preflight", "sentemb_jax.dependencies"]),
     ("core", ["sentemb_jax.pooling", "sentemb_jax.losses", "sentemb_jax.partitioning", "sentemb_jax.distributed"]),
     ("models", ["sentemb_jax.models"]),
-    ("io", ["sentemb_jax.checkpoints", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
+    ("io", ["sentemb_jax.checkpoints", "sentemb_jax.checkpoint_checks", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
             "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache",
-            "sentemb_jax.locking"]),
+            "sentemb_jax.locking", "sentemb_jax.faults"]),
     ("data", ["sentemb_jax.data"]),
     ("inference", ["sentemb_jax.inference", "sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder",
                    "sentemb_jax.export", "sentemb_jax.onnx_export"]),
@@ -307,7 +307,7 @@ PRIVATE_API_ALLOWED: dict[str, str] = {
                    "(then JAX_PLATFORMS=cpu no longer takes effect); no public API says so without starting it",
     "sentemb_jax.benchmarks.encode_throughput": "jax._src.xla_bridge.backends_are_initialized: XLA_FLAGS set after the "
                                                 "backend started would silently do nothing; no public API says so",
-    "sentemb_jax.training.faults": "orbax.checkpoint._src.path.atomicity: test-only fault injection kills the process "
+    "sentemb_jax.faults": "orbax.checkpoint._src.path.atomicity: test-only fault injection kills the process "
                                    "inside orbax's rename of a finished checkpoint; orbax has no public hook there",
 }
 

@@ -60,7 +60,7 @@ KILLS = [("in_save:6", 4), ("after_step:5", 4), ("after_step:8", 8), ("after_ste
 
 
 def test_kill_at_five_moments_and_sigterm_then_resume_equals_uninterrupted(t5_dir, tmp_path, data_dir):
-    """SIGKILL at five deterministic moments (sentemb_jax.training.faults: SENTEMB_FAULT), one
+    """SIGKILL at five deterministic moments (sentemb_jax.faults: SENTEMB_FAULT), one
     inside a checkpoint write. Each restart resumes from the newest finalised checkpoint - never a
     partial one - and the end equals an uninterrupted run (packed batches, so the packer's
     carried-over rows resume too). No timing: the same on a fast or a slow machine."""
@@ -117,10 +117,12 @@ def test_stop_signals_set_a_flag_and_a_second_ctrl_c_interrupts():
 
 
 def test_fault_plan_is_validated(monkeypatch):
-    from sentemb_jax.training import faults
+    from sentemb_jax import faults
 
     monkeypatch.setenv(faults.ENV, "after_step:3")
     assert faults.planned() == ("after_step", 3)
+    monkeypatch.setenv(faults.ENV, "sigterm_in:export")
+    assert faults.planned() == ("sigterm_in", "export")
     monkeypatch.setenv(faults.ENV, "sometime")
     with pytest.raises(ValueError, match="SENTEMB_FAULT='sometime': expected one of after_step:<step>, sigterm_after_step:<step>, in_save:<step>"):
         faults.planned()

@@ -38,7 +38,10 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import tempfile
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
@@ -46,11 +49,12 @@ from typing import Callable, Sequence
 from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
+from sentemb_jax import faults
 from sentemb_jax.data import storage
 from sentemb_jax.data.example_proto import example_class
 from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
 from sentemb_jax.data.prepared_corpus import FORMAT, MANIFEST, RECORD, VERSION, parse_manifest
-from sentemb_jax.errors import DataError, SentembError
+from sentemb_jax.errors import DataError, Interrupted, SentembError
 from sentemb_jax.locking import LOCK_FILE, DirectoryLock
 from sentemb_jax.paths import is_remote
 from sentemb_jax.tokenization import tokenizer_fingerprint
@@ -169,20 +173,26 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
     tmp = os.path.join(local_dir, f".{task.name}.tmp-{os.getpid()}")
     writer = ArrayRecordWriter(tmp, "group_size:1")
     try:
-        for path in task.inputs:
-            for example in _rows(spec, task, path, counts, on_bad_row):
-                if dedup:
-                    key = hashlib.blake2b("\x00".join(example[f] for f in spec.texts).encode(), digest_size=16).digest()
-                    if key in seen:
-                        counts["duplicate"] += 1
-                        continue
-                    seen.add(key)
-                pending.append(example)
-                if len(pending) == TOKENIZE_CHUNK or tokenizer_dir is None:
-                    rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
-        rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
-    finally:
-        writer.close()
+        try:
+            for path in task.inputs:
+                for example in _rows(spec, task, path, counts, on_bad_row):
+                    if dedup:
+                        key = hashlib.blake2b("\x00".join(example[f] for f in spec.texts).encode(), digest_size=16).digest()
+                        if key in seen:
+                            counts["duplicate"] += 1
+                            continue
+                        seen.add(key)
+                    pending.append(example)
+                    if len(pending) == TOKENIZE_CHUNK or tokenizer_dir is None:
+                        rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
+            rows += _flush(pending, writer, serialize, text_fields, tokenizer_dir, max_length)
+        finally:
+            writer.close()
+    except BaseException:  # a bad row, a signal (Interrupted): no half-written shard stays behind
+        _remove_quietly(tmp)
+        if local_dir != output:
+            _remove_quietly(local_dir, directory=True)
+        raise
     digest = storage.sha256(tmp)
     final = storage.join(output, task.name)
     if is_remote(output):
@@ -319,6 +329,38 @@ def _entry_names(output: str) -> list[str]:
     return [f.rstrip("/").rsplit("/", 1)[-1][: -len(".json")] for f in files]
 
 
+def _remove_quietly(path: str, directory: bool = False) -> None:
+    try:
+        os.rmdir(path) if directory else os.remove(path)
+    except OSError:
+        pass
+
+
+def remove_temporary_shards(output: str, tasks: Sequence[ShardTask]) -> int:
+    """Delete the temporary files of `tasks`' shards in a local `output` (left by a worker that was
+    stopped or killed mid-shard); the caller holds the output's lock. Returns how many."""
+    if is_remote(output) or not os.path.isdir(output):
+        return 0
+    prefixes = tuple(f".{t.name}.tmp-" for t in tasks)
+    stale = [name for name in os.listdir(output) if name.startswith(prefixes)]
+    for name in stale:
+        _remove_quietly(os.path.join(output, name))
+    return len(stale)
+
+
+def _worker_start(parent: int) -> None:
+    """In each preparation worker: Ctrl-C is the parent's to handle (it stops the workers and says
+    what was kept), and a worker whose parent is gone (SIGKILL) exits instead of preparing on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def exit_when_orphaned():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=exit_when_orphaned, daemon=True).start()
+
+
 def _run_one(args) -> dict:
     spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length, record = args
     return write_shard(spec, task, output, on_bad_row, dedup, tokenizer_dir, max_length, record)
@@ -330,14 +372,24 @@ def _run_in_processes(jobs: list, processes: int, bar) -> None:
     would replace the worker and never return its shard (concurrent.futures marks the pool broken).
     Finished shards are kept either way: the same command continues. The first error (a bad row)
     cancels the shards not yet started and lets the running ones finish (kept), then is raised."""
-    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
-    futures = {pool.submit(_run_one, job): job[1].name for job in jobs}
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start,
+                               initargs=(os.getpid(),))
+    futures = {pool.submit(_run_one, job): job[1] for job in jobs}
     try:
         for future in as_completed(futures):
             future.result()
             bar.update()
+            faults.in_phase("prepare_after_shard")  # tests only (SENTEMB_FAULT=sigterm_in:prepare_after_shard)
+    except Interrupted:  # SIGTERM / Ctrl-C (main's handlers): the workers stop too, mid-shard
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in multiprocessing.active_children():
+            child.terminate()
+        for child in multiprocessing.active_children():
+            child.join(10)
+        remove_temporary_shards(jobs[0][2], [task for future, task in futures.items() if not future.done()])
+        raise
     except BrokenProcessPool as e:  # its cause (a worker's traceback, if it had one) goes to the log
-        lost = sorted(name for future, name in futures.items()
+        lost = sorted(task.name for future, task in futures.items()
                       if not future.done() or future.cancelled() or future.exception() is not None)
         raise SentembError(f"a preparation worker process died (killed, e.g. out of memory) while {len(lost)} "
                            f"shard(s) may not have finished ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); "
@@ -384,15 +436,23 @@ def _prepare_locked(spec: FileSpec, tasks: list[ShardTask], output: str, record:
     todo = [t for t in mine if _done(t, output, record) is None]
     if len(todo) < len(mine):
         log.info("%d of this worker's %d shards were finished by an earlier run: skipped", len(mine) - len(todo), len(mine))
+    remove_temporary_shards(output, todo)  # of a run killed mid-shard (the lock says none is running)
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="prepare", unit="shard", disable=None if progress else True)
     jobs = [(spec, t, output, on_bad_row, dedup, tokenizer_dir, max_length, record) for t in todo]
-    if processes > 1 and len(jobs) > 1:
-        _run_in_processes(jobs, min(processes, len(jobs)), bar)
-    else:
-        for job in jobs:
-            _run_one(job)
-            bar.update()
-    bar.close()
+    try:
+        if processes > 1 and len(jobs) > 1:
+            _run_in_processes(jobs, min(processes, len(jobs)), bar)
+        else:
+            for job in jobs:
+                _run_one(job)
+                bar.update()
+    except Interrupted as e:
+        done = sum(_done(t, output, record) is not None for t in mine)
+        e.kept.append(f"{output} keeps {done} finished shard(s) of {len(mine)}"
+                      + (" (its worker processes were stopped)" if processes > 1 and len(jobs) > 1 else ""))
+        raise
+    finally:
+        bar.close()
     tokenizer = None if tokenizer_dir is None else {"fingerprint": tokenizer_fingerprint(tokenizer_dir),
                                                      "max_length": max_length, "source": tokenizer_dir}
     return finalize(spec, tasks, output, kind, tokenizer, record)

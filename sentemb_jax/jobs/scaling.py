@@ -41,7 +41,7 @@ import tempfile
 import time
 
 import gin
-from sentemb_jax import preflight, validation
+from sentemb_jax import faults, preflight, validation
 from sentemb_jax.child_process import run_module
 from sentemb_jax.data import from_scratch
 from sentemb_jax.errors import ConfigError, SentembError, TrainingError
@@ -52,7 +52,6 @@ from sentemb_jax.evaluation.transfer import TRANSFER_TASKS
 from sentemb_jax.jobs.evaluate import eval_transfer, sts_scores
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.run_dir import METRICS_JSONL, write_gin_config, write_results
-from sentemb_jax.training import faults
 
 log = logging.getLogger(__name__)
 SELECTOR = "sentemb_jax.scaling_study"

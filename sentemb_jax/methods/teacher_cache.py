@@ -11,6 +11,8 @@ import os
 import jax
 import numpy as np
 
+from sentemb_jax import faults
+
 log = logging.getLogger(__name__)
 
 
@@ -46,6 +48,7 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
             log.info("teacher embeddings from the cache %s", path)
             return _checked_finite(out, path)
         log.warning("%s: %d rows for %d texts; recomputing", path, out.shape[0], len(texts))
+    faults.in_phase("teacher_embedding")  # tests only (SENTEMB_FAULT=sigterm_in:teacher_embedding)
     # Unit vectors whatever the teacher's modules (what the cache has always held: encode normalised
     # by default before it followed sentence-transformers' normalize_embeddings=False).
     out = _checked_finite(np.asarray(teacher.encode(texts, batch_size=batch_size, show_progress_bar=None,
@@ -53,8 +56,13 @@ def cached_teacher_embeddings(teacher, texts: list[str], cache_dir: str | None, 
                           "the teacher's embeddings")
     os.makedirs(cache_dir, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}.npy"
-    np.save(tmp, out)
-    os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+    try:
+        np.save(tmp, out)
+        os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+    except BaseException:  # a full disk, a signal (Interrupted): no partial file stays behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     with open(os.path.join(cache_dir, f"teacher_{key}.json"), "w") as f:
         json.dump(identity, f, indent=1)
     return out

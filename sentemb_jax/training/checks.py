@@ -62,6 +62,9 @@ def check_inputs(config: RunConfig, method, devices=None) -> None:
     teachers = getattr(method, "teacher", None)
     for teacher in [teachers] if isinstance(teachers, str) else list(teachers or ()):
         require_model_dir(teacher, f"sentemb_jax.{type(method).__name__}", "teacher")
+    cache_dir = getattr(method, "cache_dir", None)
+    if isinstance(cache_dir, str) and os.path.exists(cache_dir):  # else created once the teacher has embedded
+        require_dir(cache_dir, f"sentemb_jax.{type(method).__name__}", "cache_dir", what="cache directory")
     partitioning.make_mesh(*config.mesh.shape, devices=devices)
     if data.data_dir:
         require_dir(data.data_dir, DATA, "data_dir")

@@ -37,12 +37,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from sentemb_jax import faults
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import Preempted, TrainingError, UndefinedScoreError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.paths import is_remote
 from sentemb_jax.run_dir import CHECKPOINTS, TENSORBOARD, run_path, tensorboard_writer
-from sentemb_jax.training import faults, run_record
+from sentemb_jax.training import run_record
 from sentemb_jax.training.preemption import StopSignals
 
 log = logging.getLogger(__name__)
@@ -315,6 +316,7 @@ def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, 
     (e.g. the mesh's activation-sharding rules)."""
     sched = run.schedule
     if run.evaluator and sched.eval_at_start and run.step == 0:
+        faults.in_phase("eval_at_start")  # tests only (SENTEMB_FAULT=sigterm_in:eval_at_start)
         run.evaluate(untrained=True)
         run.write_metrics()
     faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically

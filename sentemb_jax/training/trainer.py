@@ -34,6 +34,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from sentemb_jax import faults
 from sentemb_jax.distributed import is_primary
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import TrainingError
@@ -288,5 +289,6 @@ def _export_tower(loop: RunState, run: Run, best_manager, restore_target, export
     encoder: SentenceEncoder = run.model
     encoder.params = host_params(tower)
     if is_primary():
+        faults.in_phase("export")  # tests only (SENTEMB_FAULT=sigterm_in:export)
         encoder.save_pretrained(export_dir)
         log.info("exported the %s tower to %s", "best" if loop.best else "last", export_dir)
