@@ -23,9 +23,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	# two workers, each test file on one (its module fixtures built once); .pytest-times.xml keeps
-	# every test's time (where the minutes go: docs/RESULTS.md, "Test-suite time")
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 --junitxml=.pytest-times.xml tests
+	# two workers, each test file on one (its module fixtures built once), the slowest files first
+	# (tests/conftest.py SLOWEST_FIRST); .pytest-times.xml keeps every test's time (where the minutes
+	# go: docs/RESULTS.md, "Test-suite time")
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 --junitxml=.pytest-times.xml tests
 
 clean:
 	rm -rf $(VENV)

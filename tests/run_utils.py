@@ -55,3 +55,11 @@ def without_tensorflow(env: dict | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([NO_TENSORFLOW, REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
+
+
+def simulated_devices_flags(devices: int) -> str:
+    """XLA_FLAGS for a process with `devices` simulated CPU devices. The programs of these tests are
+    tiny models compiled once or twice: LLVM's optimisation passes cost more than they save
+    (tests/test_sharding.py's child: 68 s -> 52 s without them). Both sides of every comparison run
+    under the same flags; the encode-heavy tests keep the default (optimised code runs 25% faster)."""
+    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from hf_models import make_t5
-from run_utils import gin_file_args, latest_checkpoint
+from run_utils import gin_file_args, latest_checkpoint, simulated_devices_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def _cmd(model_path, model_dir, data_dir, steps):
 
 def _env(devices, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SENTEMB_")}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = simulated_devices_flags(devices)
     env["JAX_PLATFORMS"] = "cpu"
     env.update({k: str(v) for k, v in extra.items()})
     return env

@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 import torch
 from hf_models import make_minilm_shaped_bert
+from run_utils import simulated_devices_flags
 
 from sentemb_jax import losses
 from sentemb_jax.errors import ConfigError
@@ -84,7 +85,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_sharded_queue_equals_unsharded():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=simulated_devices_flags(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT "):])

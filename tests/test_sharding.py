@@ -5,13 +5,14 @@ import subprocess
 import sys
 
 import pytest
+from run_utils import simulated_devices_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module")
 def result():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=simulated_devices_flags(8), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, os.path.join(HERE, "multidevice_steps.py")], capture_output=True, text=True,
                           timeout=900, env=env, cwd=HERE)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hf_models import make_minilm_shaped_bert
+from run_utils import simulated_devices_flags
 from scipy import stats
 
 from sentemb_jax.errors import DataError
@@ -239,7 +240,7 @@ def test_cycle_on_8_devices_equals_one_device_and_uses_the_configured_optimizer(
     model = _tiny_bert(tmp_path / "m", minilm_dir, seed=0)
     out = {}
     for devices, optimizer in ((1, "adamw"), (8, "adamw"), (1, "adafactor")):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=simulated_devices_flags(devices))
         run = tmp_path / f"run{devices}_{optimizer}"
         proc = subprocess.run([sys.executable, script, model, data_dir, str(run), optimizer], capture_output=True,
                               text=True, timeout=900, env=env)
