@@ -61,6 +61,12 @@ def test_bad_input_is_named_before_any_compile():
         step_time.main([*TINY, "--gin_file=gin/runs/tiny_t5_scratch.gin", "--mesh=2,1,1"])
     with pytest.raises(UsageError, match="--mesh"):
         step_time.main([*TINY, "--gin_file=gin/runs/tiny_t5_scratch.gin", "--mesh=2x1"])
+    # A GradCache chunk that does not divide the batch: before, a ValueError while the step was traced.
+    with pytest.raises(ConfigError) as e:
+        step_time.main([*TINY, "--gin_file=gin/runs/tiny_t5_scratch.gin", *SMALL, "--gin.sentemb_jax.Contrastive.chunk_size=3",
+                        "--gin.sentemb_jax.Contrastive.gradcache=True"])
+    assert str(e.value) == ("sentemb_jax.Contrastive(chunk_size=3) does not divide DataConfig.batch_size=8: the step "
+                            "embeds each side in chunks of chunk_size rows")
 
 
 def test_a_runs_prng_impl_does_not_carry_into_the_next_run(monkeypatch):

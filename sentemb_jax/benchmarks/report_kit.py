@@ -30,7 +30,7 @@ import tempfile
 import zipfile
 
 from sentemb_jax.benchmarks import portable_kit as pk
-from sentemb_jax.data.files import read_sts_pairs
+from sentemb_jax.data.files import iter_tsv, read_sts_pairs
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import ConfigError, SentembError
 from sentemb_jax.hub import packaged_minilm_path
@@ -52,10 +52,8 @@ def _data_texts(data_dir: str) -> list[str]:
         if rel.startswith("stsb/"):
             s1, s2, _ = read_sts_pairs(path)
             texts += s1 + s2
-        elif os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                next(f, None)  # the header
-                texts += [c for line in f for c in line.rstrip("\n").split("\t") if c and not c.isdigit()]
+        elif os.path.isfile(path):  # every text column (a label column holds digits)
+            texts += [c for _, row in iter_tsv(path, ()) for c in row.values() if c and not c.isdigit()]
     return texts
 
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from sentemb_jax.data.batching import to_model_batch
 from sentemb_jax.data.prepared import PreparedSource
+from sentemb_jax.data.prepared_corpus import check_sequence_length
 from sentemb_jax.data.tasks import (
     cut_ids,
     register_tasks,
@@ -229,6 +230,10 @@ def register_task(data, tokenizer_dir: str) -> str:
     names = register_tasks(tokenizer_dir=tokenizer_dir, data_dir=data.data_dir or default_data_dir(), **data.task_options())
     if data.task not in names:
         raise TrainingError(f"DataConfig.task {data.task!r} unknown; registered: {sorted(names)}")
+    found = seqio.get_mixture_or_task(names[data.task])
+    for task in getattr(found, "tasks", [found]):
+        if isinstance(task.source, PreparedSource):
+            check_sequence_length(task.source.tokenizer(), task.name, data.task, data.sequence_length)
     return names[data.task]
 
 

@@ -386,7 +386,9 @@ def _run_in_processes(jobs: list, processes: int, bar) -> None:
             child.terminate()
         for child in multiprocessing.active_children():
             child.join(10)
-        remove_temporary_shards(jobs[0][2], [task for future, task in futures.items() if not future.done()])
+        # Every task's: a finished shard's file is renamed already, and a stopped worker's future
+        # may read as done (BrokenProcessPool) by now.
+        remove_temporary_shards(jobs[0][2], list(futures.values()))
         raise
     except BrokenProcessPool as e:  # its cause (a worker's traceback, if it had one) goes to the log
         lost = sorted(task.name for future, task in futures.items()

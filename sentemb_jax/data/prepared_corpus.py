@@ -53,6 +53,19 @@ READ_CHUNK = 1024  # positions looked up and read per call
 OPEN_READERS = 32  # readers kept open: two windows of shards (each reader holds its shard's record index, ~14 bytes a row)
 
 
+def check_sequence_length(made_by: dict | None, where: str, kind: str, sequence_length: int | None) -> None:
+    """A corpus of ids cut at a max_length below the run's sequence_length would train on texts cut
+    shorter than the run asks (a text corpus is tokenized by the run itself: nothing to check)."""
+    if made_by is None or sequence_length is None or "max_length" not in made_by:
+        return
+    cut = int(made_by["max_length"])
+    if cut < sequence_length:
+        raise DataError(f"{where}: the {kind!r} corpus holds ids cut at {cut} tokens (prepare_corpus.max_length), fewer "
+                        f"than DataConfig.sequence_length={sequence_length}: longer texts would train cut short. "
+                        f"Prepare it again with prepare_corpus.max_length={sequence_length}, or train with "
+                        f"sequence_length <= {cut}")
+
+
 def manifest_path(path: str) -> str | None:
     """The manifest of a prepared corpus named by `path` (its directory or its manifest), else None."""
     if path.endswith(MANIFEST):

@@ -26,6 +26,7 @@ import numpy as np
 from sentemb_jax.data import views as view_ops
 from sentemb_jax.data.batching import id_matrix, to_model_batch
 from sentemb_jax.data.kinds import COLUMN, FIXED, MIXTURES, NEIGHBOUR, TEXT_FIELDS, precomputed_field
+from sentemb_jax.data.prepared_corpus import check_sequence_length
 from sentemb_jax.data.sources import PREFIX, FileRows, PreparedRows, is_prepared, task_specs
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import default_data_dir
@@ -229,7 +230,7 @@ def numpy_batches(data, tokenizer: Tokenizer, shard: tuple[int, int] | None, buc
         raise DataError(f"DataConfig.task {data.task!r}: no 'train' split among its files ({sorted(specs)})")
     if is_prepared(specs, data.task):
         rows = PreparedRows(specs["train"].path, data.window_shards, data.on_bad_shard)
-        check_tokenized(rows, data.task, tokenizer)
+        check_tokenized(rows, data.task, tokenizer, data.sequence_length)
     else:
         neighbour = "text" if data.task == "sentences" and NEIGHBOUR in data.views else None
         rows = FileRows(specs["train"], data.on_bad_row, neighbour)
@@ -238,9 +239,11 @@ def numpy_batches(data, tokenizer: Tokenizer, shard: tuple[int, int] | None, buc
                         augment_rate=data.augment_rate)
 
 
-def check_tokenized(rows: PreparedRows, kind: str, tokenizer: Tokenizer) -> None:
-    """A prepared corpus of ids is read only by a model with the tokenizer it was tokenized with."""
+def check_tokenized(rows: PreparedRows, kind: str, tokenizer: Tokenizer, sequence_length: int | None = None) -> None:
+    """A prepared corpus of ids is read only by a model with the tokenizer it was tokenized with, at
+    a sequence length its ids were not cut below."""
     made_by = rows.corpus.tokenizer()
+    check_sequence_length(made_by, rows.corpus.directory, kind, sequence_length)
     if made_by is None or tokenizer.source_dir is None:
         return
     if made_by["fingerprint"] != tokenizer_fingerprint(tokenizer.source_dir):

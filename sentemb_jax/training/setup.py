@@ -31,7 +31,7 @@ from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.sources import seqio_route_reason
 from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
-from sentemb_jax.errors import TrainingError
+from sentemb_jax.errors import ConfigError, TrainingError
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer, check_ids_fit
 from sentemb_jax.training import sharded
@@ -173,6 +173,11 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
     # Every run sets the generator: one run's 'unsafe_rbg' must not carry into the next run of the
     # same process (a notebook, the tests), whose config says nothing - the process's own default.
     jax.config.update("jax_default_prng_impl", config.prng_impl or PROCESS_PRNG_IMPL)
+    chunk = getattr(method, "chunk_size", None)
+    if chunk and config.data.batch_size % chunk:  # else a ValueError while the step is traced
+        raise ConfigError(f"{{where}} does not divide DataConfig.batch_size={config.data.batch_size}: the step embeds "
+                          "each side in chunks of chunk_size rows", api=f"sentemb_jax.{type(method).__name__}",
+                          param="chunk_size", value=chunk)
     mesh = partitioning.make_mesh(*config.mesh.shape, devices=devices)
     fixed_padding = _fixed_padding(config)
     if model is None:
