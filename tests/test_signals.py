@@ -130,6 +130,10 @@ def test_sigterm_before_the_export_keeps_the_checkpoints_and_leaves_the_export_a
     assert rc == 0, err
     assert {"model.safetensors", "modules.json", "README.md"} <= set(os.listdir(export))
     assert [n for n in os.listdir(export) if n.startswith(".")] == []
+    record = json.loads((export / "sentemb_export.json").read_text())  # what the export was made from
+    assert {k: record[k] for k in ("model_dir", "tower", "step", "stsb_dev")} == {
+        "model_dir": str(run), "tower": "last", "step": 2, "stsb_dev": None}
+    assert len(record["run_config_sha256"]) == 64
 
 
 def test_sigterm_before_the_teacher_embeds_leaves_no_cache_file(tiny, tmp_path, data_dir, monkeypatch, capsys):

@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -281,14 +282,36 @@ def _params_from_run(run_dir: str, restore_target):
 
 def _export_tower(loop: RunState, run: Run, best_manager, restore_target, export_dir: str) -> None:
     """The best tower by STS-B dev (the last one when nothing was scored) as a sentence-transformers directory."""
-    tower = loop.state.params["tower"]
+    tower, which, step = loop.state.params["tower"], "last", loop.step
     if loop.best is not None and best_manager is not None and best_manager.latest_step() is not None:
-        restored = best_manager.restore(best_manager.latest_step(), args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(restore_target)))
-        tower = restored["state"].params["tower"]
+        step = best_manager.latest_step()
+        restored = best_manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(restore_target)))
+        tower, which = restored["state"].params["tower"], "best"
     encoder: SentenceEncoder = run.model
     encoder.params = host_params(tower)
     if is_primary():
         faults.in_phase("export")  # tests only (SENTEMB_FAULT=sigterm_in:export)
+        record = os.path.join(export_dir, EXPORT_RECORD)
+        if os.path.exists(record):  # an interrupted export must not keep the last one's record beside new weights
+            os.remove(record)
         encoder.save_pretrained(export_dir)
-        log.info("exported the %s tower to %s", "best" if loop.best else "last", export_dir)
+        _write_json(record, {"model_dir": loop.model_dir, "tower": which, "step": int(step),
+                             "stsb_dev": None if loop.best is None else float(loop.best),
+                             "run_config_sha256": _sha256(run_path(loop.model_dir, RUN_CONFIG_JSON))})
+        log.info("exported the %s tower (step %d) to %s", which, step, export_dir)
+
+
+# What an export was made from: the run, which tower, its step, its score, the run's configuration.
+EXPORT_RECORD = "sentemb_export.json"
+
+
+def _sha256(path: str) -> str | None:
+    try:
+        return hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _write_json(path: str, value: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1)
