@@ -129,6 +129,23 @@ def test_a_corpus_of_ids_cut_below_the_sequence_length_is_refused_on_both_routes
     assert _take(_numpy(dataclasses.replace(data, files={"nli_triples": corpora["text"]}), tokenizer), 1)  # text
 
 
+def test_a_corpus_prepared_as_another_kind_is_refused_on_both_routes(prepared, tokenizer, minilm_dir):
+    """NLI triples given as the QA task's files would train on rows whose columns mean something
+    else (before: a commqa run trained on a corpus prepared as nli_pairs without a word)."""
+    root, corpora = prepared
+    data = DataConfig(task="nli_pairs", batch_size=8, sequence_length=LENGTH, data_dir=root,
+                      files={"nli_pairs": corpora["text"]})
+    message = (f"{corpora['text']}: a corpus prepared as 'nli_triples' (prepare_corpus.kind), given here as the "
+               "'nli_pairs' task's files: give it as files['nli_triples'], or prepare the 'nli_pairs' rows with "
+               "prepare_corpus.kind='nli_pairs'")
+    with pytest.raises(DataError) as e:
+        _numpy(data, tokenizer)
+    assert str(e.value) == message
+    with pytest.raises(DataError) as e:
+        pipeline.register_task(data, minilm_dir)
+    assert str(e.value) == message
+
+
 def test_the_reader_resumes_exactly_from_its_state_and_across_process_counts(tokenizer, tmp_path):
     path = _small_triples(tmp_path)
     data = DataConfig(task="nli_triples", batch_size=8, sequence_length=LENGTH, seed=2, data_dir=str(tmp_path),

@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from sentemb_jax.data.batching import to_model_batch
 from sentemb_jax.data.prepared import PreparedSource
-from sentemb_jax.data.prepared_corpus import check_sequence_length
+from sentemb_jax.data.prepared_corpus import check_kind, check_sequence_length
+from sentemb_jax.data.sources import PREFIX
 from sentemb_jax.data.tasks import (
     cut_ids,
     register_tasks,
@@ -233,7 +234,11 @@ def register_task(data, tokenizer_dir: str) -> str:
     found = seqio.get_mixture_or_task(names[data.task])
     for task in getattr(found, "tasks", [found]):
         if isinstance(task.source, PreparedSource):
-            check_sequence_length(task.source.tokenizer(), task.name, data.task, data.sequence_length)
+            kind = task.name.removeprefix(PREFIX)
+            for split in task.source.splits:
+                corpus = task.source.corpus(split)
+                check_kind(corpus.manifest.get("kind"), corpus.directory, kind)
+            check_sequence_length(task.source.tokenizer(), task.name, kind, data.sequence_length)
     return names[data.task]
 
 

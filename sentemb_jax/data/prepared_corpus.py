@@ -53,6 +53,16 @@ READ_CHUNK = 1024  # positions looked up and read per call
 OPEN_READERS = 32  # readers kept open: two windows of shards (each reader holds its shard's record index, ~14 bytes a row)
 
 
+def check_kind(made_as: str | None, where: str, kind: str) -> None:
+    """A corpus prepared as one kind and read as another (NLI pairs given as a QA task) would train
+    on rows whose columns mean something else; a corpus without a kind (prepared by the library
+    without one) is taken as it is."""
+    if made_as and made_as != kind:
+        raise DataError(f"{where}: a corpus prepared as {made_as!r} (prepare_corpus.kind), given here as the {kind!r} "
+                        f"task's files: give it as files[{made_as!r}], or prepare the {kind!r} rows with "
+                        f"prepare_corpus.kind={kind!r}")
+
+
 def check_sequence_length(made_by: dict | None, where: str, kind: str, sequence_length: int | None) -> None:
     """A corpus of ids cut at a max_length below the run's sequence_length would train on texts cut
     shorter than the run asks (a text corpus is tokenized by the run itself: nothing to check)."""

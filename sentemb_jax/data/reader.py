@@ -26,7 +26,7 @@ import numpy as np
 from sentemb_jax.data import views as view_ops
 from sentemb_jax.data.batching import id_matrix, to_model_batch
 from sentemb_jax.data.kinds import COLUMN, FIXED, MIXTURES, NEIGHBOUR, TEXT_FIELDS, precomputed_field
-from sentemb_jax.data.prepared_corpus import check_sequence_length
+from sentemb_jax.data.prepared_corpus import check_kind, check_sequence_length
 from sentemb_jax.data.sources import PREFIX, FileRows, PreparedRows, is_prepared, task_specs
 from sentemb_jax.errors import DataError
 from sentemb_jax.paths import default_data_dir
@@ -240,8 +240,9 @@ def numpy_batches(data, tokenizer: Tokenizer, shard: tuple[int, int] | None, buc
 
 
 def check_tokenized(rows: PreparedRows, kind: str, tokenizer: Tokenizer, sequence_length: int | None = None) -> None:
-    """A prepared corpus of ids is read only by a model with the tokenizer it was tokenized with, at
-    a sequence length its ids were not cut below."""
+    """A prepared corpus is read only as the kind it was prepared as; one of ids only by a model with
+    the tokenizer it was tokenized with, at a sequence length its ids were not cut below."""
+    check_kind(rows.corpus.manifest.get("kind"), rows.corpus.directory, kind)
     made_by = rows.corpus.tokenizer()
     check_sequence_length(made_by, rows.corpus.directory, kind, sequence_length)
     if made_by is None or tokenizer.source_dir is None:
