@@ -115,12 +115,13 @@ def test_sigterm_before_the_first_evaluation_says_nothing_was_checkpointed(tiny,
     assert rc == 0, err
 
 
-def test_sigterm_before_the_export_keeps_the_checkpoints_and_leaves_the_export_as_it_was(tiny, tmp_path, data_dir,
+def test_sigterm_before_the_export_keeps_the_checkpoints_and_leaves_the_export_as_it_was(tiny, tmp_path,
+                                                                                         small_sts_data_dir,
                                                                                          monkeypatch, capsys):
     run, export = tmp_path / "run", tmp_path / "export"
     export.mkdir()
     (export / "README.md").write_text("an earlier export's note\n")
-    args = _nli(tiny / "model", run, data_dir, "--gin.sentemb_jax.EvalConfig.every=None",
+    args = _nli(tiny / "model", run, small_sts_data_dir, "--gin.sentemb_jax.EvalConfig.every=2",
                 "--gin.sentemb_jax.CheckpointConfig.every=1", f"--gin.sentemb_jax.train.export_dir='{export}'")
     rc, err = _main(args, monkeypatch, capsys, fault="export")
     assert rc == 143 and _last(err) == (f"stopped by SIGTERM: {run} keeps its checkpoints (the last of step 2)"
@@ -131,8 +132,9 @@ def test_sigterm_before_the_export_keeps_the_checkpoints_and_leaves_the_export_a
     assert {"model.safetensors", "modules.json", "README.md"} <= set(os.listdir(export))
     assert [n for n in os.listdir(export) if n.startswith(".")] == []
     record = json.loads((export / "sentemb_export.json").read_text())  # what the export was made from
-    assert {k: record[k] for k in ("model_dir", "tower", "step", "stsb_dev")} == {
-        "model_dir": str(run), "tower": "last", "step": 2, "stsb_dev": None}
+    assert {k: record[k] for k in ("model_dir", "tower", "step")} == {"model_dir": str(run), "tower": "best", "step": 2}
+    (metric, score), = ((k, v) for k, v in record["best"].items() if k != "step")
+    assert record["best"]["step"] == 2 and isinstance(score, float), record["best"]
     assert len(record["run_config_sha256"]) == 64
 
 

@@ -295,13 +295,13 @@ def _export_tower(loop: RunState, run: Run, best_manager, restore_target, export
         if os.path.exists(record):  # an interrupted export must not keep the last one's record beside new weights
             os.remove(record)
         encoder.save_pretrained(export_dir)
-        _write_json(record, {"model_dir": loop.model_dir, "tower": which, "step": int(step),
-                             "stsb_dev": None if loop.best is None else float(loop.best),
+        best = None if loop.best is None else {k: int(v) if k == "step" else float(v) for k, v in loop.best.items()}
+        _write_json(record, {"model_dir": loop.model_dir, "tower": which, "step": int(step), "best": best,
                              "run_config_sha256": _sha256(run_path(loop.model_dir, RUN_CONFIG_JSON))})
         log.info("exported the %s tower (step %d) to %s", which, step, export_dir)
 
 
-# What an export was made from: the run, which tower, its step, its score, the run's configuration.
+# What an export was made from: the run, which tower, its step, the best score, the run's configuration.
 EXPORT_RECORD = "sentemb_export.json"
 
 
