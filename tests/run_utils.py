@@ -1,4 +1,5 @@
 """Helpers for tests that run training jobs and read their checkpoints."""
+import itertools
 import os
 
 import jax
@@ -63,3 +64,14 @@ def simulated_devices_flags(devices: int) -> str:
     (tests/test_sharding.py's child: 68 s -> 52 s without them). Both sides of every comparison run
     under the same flags; the encode-heavy tests keep the default (optimised code runs 25% faster)."""
     return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+
+
+def cut_data_dir(root, data_dir: str, lines: dict[str, int]):
+    """`root` (a pathlib folder) holding the first `lines[rel]` lines (header included) of each
+    DATA_DIR file `rel`: a small DATA_DIR for jobs whose figures are not what a test checks."""
+    for rel, n in lines.items():
+        dst = root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(os.path.join(data_dir, rel), encoding="utf-8") as f:
+            dst.write_text("".join(itertools.islice(f, n)), encoding="utf-8")
+    return root

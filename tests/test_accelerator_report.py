@@ -2,20 +2,13 @@
 tensorflow_datasets unimportable in its processes (run_utils.without_tensorflow), as on a GPU host
 without TensorFlow: every stage runs and reports. Its own file: the slowest test of the suite, it
 starts first on its worker (conftest.SLOWEST_FIRST)."""
-import itertools
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from run_utils import REPO, without_tensorflow
-
-
-def _head(src: str, dst, lines: int) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, encoding="utf-8") as f:
-        dst.write_text("".join(itertools.islice(f, lines)))
+from run_utils import REPO, cut_data_dir, without_tensorflow
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +16,9 @@ def small_data(tmp_path_factory, data_dir):
     """DATA_DIR with what the report's stages read, cut short: the first 100 pairs of STS-B dev and
     test (the encode stage times both test columns; the default job scores them), the NLI
     sentences and wiki sentences of the default job, the NLI pairs of train_throughput."""
-    root = tmp_path_factory.mktemp("data")
-    for split in ("dev", "test"):
-        _head(os.path.join(data_dir, "stsb", f"{split}.tsv"), root / "stsb" / f"{split}.tsv", 101)
-    _head(os.path.join(data_dir, "nli", "triples.tsv"), root / "nli" / "triples.tsv", 301)
-    _head(os.path.join(data_dir, "nli", "sentences.tsv"), root / "nli" / "sentences.tsv", 401)
-    _head(os.path.join(data_dir, "unlabelled", "wiki1m_head.tsv"), root / "unlabelled" / "wiki1m_head.tsv", 201)
-    _head(os.path.join(data_dir, "nli", "pairs.tsv"), root / "nli" / "pairs.tsv", 301)
-    return root
+    return cut_data_dir(tmp_path_factory.mktemp("data"), data_dir, {
+        "stsb/dev.tsv": 101, "stsb/test.tsv": 101, "nli/triples.tsv": 301, "nli/sentences.tsv": 401,
+        "unlabelled/wiki1m_head.tsv": 201, "nli/pairs.tsv": 301})
 
 
 def test_the_accelerator_report_quick_runs_every_stage_and_the_default_job(small_data, tmp_path):

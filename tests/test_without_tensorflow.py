@@ -5,7 +5,6 @@ evaluation and the sentence-transformers export run to the end; training gives t
 the seqio route (DataConfig.reader='seqio', run here with TensorFlow) on the same data and seed. A
 job that needs TensorFlow stops in one line naming the binding that asked for it. The default
 ConGen job runs so in test_accelerator_report.py (the report's default_job stage)."""
-import itertools
 import json
 import os
 import subprocess
@@ -13,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from run_utils import REPO, gin_file_args, without_tensorflow
+from run_utils import REPO, cut_data_dir, gin_file_args, without_tensorflow
 
 from sentemb_jax import main as runner
 from sentemb_jax.data import prepare as prep
@@ -42,23 +41,13 @@ def _losses(model_dir) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-def _head(src: str, dst, lines: int) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, encoding="utf-8") as f:
-        dst.write_text("".join(itertools.islice(f, lines)))
-
-
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory, data_dir):
     """DATA_DIR with the first rows of STS-B dev and test, the NLI triples, NLI sentences and wiki
     sentences (what the jobs below read; a small STS-B keeps their evaluations short)."""
-    root = tmp_path_factory.mktemp("data")
-    for split in ("dev", "test"):
-        _head(os.path.join(data_dir, "stsb", f"{split}.tsv"), root / "stsb" / f"{split}.tsv", 301)
-    _head(os.path.join(data_dir, "nli", "triples.tsv"), root / "nli" / "triples.tsv", 301)
-    _head(os.path.join(data_dir, "nli", "sentences.tsv"), root / "nli" / "sentences.tsv", 401)
-    _head(os.path.join(data_dir, "unlabelled", "wiki1m_head.tsv"), root / "unlabelled" / "wiki1m_head.tsv", 201)
-    return root
+    return cut_data_dir(tmp_path_factory.mktemp("data"), data_dir, {
+        "stsb/dev.tsv": 301, "stsb/test.tsv": 301, "nli/triples.tsv": 301, "nli/sentences.tsv": 401,
+        "unlabelled/wiki1m_head.tsv": 201})
 
 
 def test_tensorflow_cannot_be_imported_in_the_jobs_process():
