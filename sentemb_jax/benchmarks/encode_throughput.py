@@ -286,10 +286,13 @@ class _ProcessWorker:
 
 
 def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/s", count: int = 1,
-                     startup: dict | None = None) -> dict[str, float]:
+                     startup: dict | None = None, start_together: bool = False) -> dict[str, float]:
     """Start one process per (target, args) entry (each sends ("ready", {startup figures}) when
     warm; they go to `startup`), then alternate them `rounds` times; median rates. A target that
-    is a list is a command (another Python: `_CommandWorker`), its args appended to it."""
+    is a list is a command (another Python: `_CommandWorker`), its args appended to it.
+    Workers start one after another (each one's first call from cold is timed alone), or with
+    `start_together` all at once (a GPU host's many cores compile them side by side; their
+    first-call figures then include the others' start-up); the rounds run one worker at a time."""
     ctx = mp.get_context("spawn")
     conns, procs = {}, []
     startup = {} if startup is None else startup
@@ -305,10 +308,11 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
                 child.close()  # the worker's end lives in the worker only: its death ends the pipe (EOFError)
                 parent = _ProcessWorker(name, parent, p)
             conns[name], procs = parent, procs + [p]
-            ready = parent.recv()
-            if not (isinstance(ready, tuple) and ready[0] == "ready"):
-                raise RuntimeError(f"{name} worker failed to start")
-            startup[name] = ready[1]
+            if not start_together:
+                startup[name] = _ready(name, parent)
+        for name, conn in conns.items():
+            if name not in startup:
+                startup[name] = _ready(name, conn)
         for r in range(rounds):
             for name, conn in conns.items():
                 conn.send("run")
@@ -320,6 +324,13 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
         for p in procs:
             p.join(timeout=30)
     return {n: statistics.median(v) for n, v in rates.items()}
+
+
+def _ready(name: str, conn) -> dict:
+    ready = conn.recv()
+    if not (isinstance(ready, tuple) and ready[0] == "ready"):
+        raise RuntimeError(f"{name} worker failed to start")
+    return ready[1]
 
 
 def _kinds(bf16: bool, onnx: bool, only: str | None, st_python: str | None = None) -> list[str]:
@@ -428,6 +439,8 @@ def main(argv=None):
           flush=True)
     if device == "gpu":
         print(gpu_memory_line(), flush=True)
+        print("workers start together (the host's cores compile them side by side): each first call from cold "
+              "includes the others' start-up; the rounds run one worker at a time", flush=True)
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE[device]
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)
@@ -450,7 +463,8 @@ def main(argv=None):
                             for k in kinds if k in ST_BACKEND_KINDS})
         startup: dict = {}
         try:
-            med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup)
+            med = run_side_by_side(workers, args.rounds, count=len(sentences), startup=startup,
+                                   start_together=device == "gpu")
         except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
             sys.exit(f"error: {e}")
     source = f"texts={args.texts}:{args.texts_column}" if texts else "texts=STS-B test"

@@ -220,17 +220,22 @@ def spec_peak(device, dtype: str = "float32", precision: str = "default") -> flo
 def matmul_ceiling(device, dtype: str = "float32", precision: str = "default", n: int | None = None,
                    repeats: int | None = None) -> float:
     """FLOP/s of an n x n matmul in `dtype` at `precision` ('default', 'high', 'highest') on
-    `device`, measured now: the fastest of a few calls after a warm-up, the device synchronised
-    before every clock read. What a step's MFU is measured against, on the same device."""
+    `device`, measured now: the best of three rounds of `repeats` products issued back to back
+    (as a step's matmuls run: one launch's host latency hides behind the last), after a warm-up,
+    the device synchronised before every clock read. What a step's MFU is measured against."""
     cpu = device.platform == "cpu"
     n = n or (2048 if cpu else 8192)
     a = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype), device)
+    b = jax.device_put(jnp.asarray(np.random.default_rng(1).standard_normal((n, n)), dtype), device)
     product = jax.jit(lambda x, y: x @ y)
+    repeats = repeats or (2 if cpu else 20)
     with jax.default_matmul_precision(None if precision == "default" else precision):
-        product(a, a).block_until_ready()
+        product(a, b).block_until_ready()
         best = float("inf")
-        for _ in range(repeats or (3 if cpu else 20)):
+        for _ in range(3):
             started = time.perf_counter()
-            product(a, a).block_until_ready()
-            best = min(best, time.perf_counter() - started)
+            for _ in range(repeats):
+                out = product(a, b)
+            out.block_until_ready()
+            best = min(best, (time.perf_counter() - started) / repeats)
     return 2 * n**3 / best

@@ -5,6 +5,7 @@ packages, no data and no network; at most 64 MiB (what such a host takes in one 
     python -m sentemb_jax.benchmarks.report_kit pack --out KIT [--wheel WHEEL ...] [--limit_mib 64]
     # on the GPU host, this repository beside KIT:
     PYTHONPATH=KIT/site python -m sentemb_jax.benchmarks.report_kit unpack KIT /tmp/kit
+    SENTEMB_TEST_SPM_MODEL=/tmp/kit/test_data/sentencepiece.model \
     PYTHONPATH=KIT/site python -m sentemb_jax.benchmarks.accelerator_report --out DIR \
         --model /tmp/kit/model --data_dir /tmp/kit/data
 
@@ -14,8 +15,10 @@ the rounded one on those texts); `data.tar.xz` - what the report's stages read (
 the NLI pairs and sentences, the wiki sentences); `site/` - the pure-Python packages the report
 needs beyond the host's (gin-config, tensorboardX, pytest and its own), copied from this
 environment, plus any `--wheel` given (e.g. a matplotlib wheel downloaded for the host's Python),
-unpacked. The bundle's size is bounded before anything is written (the data's raw size, the
-model's stored bytes, the packages' files); over `--limit_mib` it is refused.
+unpacked; `test_data/sentencepiece.model` - seqio's test tokenizer, which the T5 parity tests
+read (on the host through `SENTEMB_TEST_SPM_MODEL`). The bundle's size is bounded before anything
+is written (the data's raw size, the model's stored bytes, the packages' files); over
+`--limit_mib` it is refused.
 """
 from __future__ import annotations
 
@@ -42,6 +45,16 @@ DATA_FILES = ("stsb/dev.tsv", "stsb/test.tsv", "nli/pairs.tsv", "nli/sentences.t
 # Pure-Python packages the report imports beyond a GPU host's own (module names; their dist-info too).
 SITE_PACKAGES = ("gin", "tensorboardX", "pytest", "_pytest", "pluggy", "iniconfig", "py")
 DATA_ARCHIVE = "data.tar.xz"
+# The T5 parity tests' tokenizer (seqio's test sentencepiece model): the host has no seqio.
+TEST_SPM = os.path.join("test_data", "sentencepiece.model")
+
+
+def _seqio_test_spm() -> str | None:
+    spec = importlib.util.find_spec("seqio")  # its files only: importing seqio imports TensorFlow
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "test_data", "sentencepiece", "sentencepiece.model")
+    return path if os.path.isfile(path) else None
 
 
 def _data_texts(data_dir: str) -> list[str]:
@@ -128,6 +141,10 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
         for w in wheels:
             with zipfile.ZipFile(w) as z:
                 z.extractall(os.path.join(work, "site"))
+        spm = _seqio_test_spm()
+        if spm:
+            os.makedirs(os.path.join(work, "test_data"))
+            shutil.copy2(spm, os.path.join(work, TEST_SPM))
         os.replace(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -142,7 +159,11 @@ def unpack(kit: str, out: str) -> dict:
     model = pk.unpack(os.path.join(kit, "model"), os.path.join(out, "model"))
     with tarfile.open(os.path.join(kit, DATA_ARCHIVE), "r:xz") as tar:
         tar.extractall(os.path.join(out, "data"), filter="data")  # no path leaves out/data
-    return {"model": os.path.dirname(model), "data": os.path.join(out, "data")}
+    done = {"model": os.path.dirname(model), "data": os.path.join(out, "data")}
+    if os.path.isfile(os.path.join(kit, TEST_SPM)):
+        os.makedirs(os.path.join(out, "test_data"))
+        done["test_spm"] = shutil.copy2(os.path.join(kit, TEST_SPM), os.path.join(out, TEST_SPM))
+    return done
 
 
 def main(argv=None) -> int:
@@ -161,6 +182,8 @@ def main(argv=None) -> int:
     if args.command == "unpack":
         done = unpack(args.kit, args.out)
         print(f"model: {done['model']}\ndata: {done['data']}")
+        if "test_spm" in done:  # the accelerator report's tests stage reads it through this variable
+            print(f"export SENTEMB_TEST_SPM_MODEL={done['test_spm']}")
         return 0
     s = pack(args.model or packaged_minilm_path(), args.data_dir or default_data_dir(), args.out, args.wheel,
              args.limit_mib)

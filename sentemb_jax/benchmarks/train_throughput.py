@@ -192,6 +192,8 @@ def main(argv=None):
           flush=True)
     if device == "gpu":
         print(gpu_memory_line(), flush=True)
+        print("workers start together (the host's cores compile them side by side): each first call from cold "
+              "includes the others' start-up; the rounds run one worker at a time", flush=True)
     model_dir = args.model or packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)
     if len(pairs) < args.steps * args.batch_size:  # short or empty batches would time something else
@@ -212,7 +214,8 @@ def main(argv=None):
     workers = {n: (_worker, (kind, *common, pack, bf16, settings)) for n, (kind, pack, bf16) in rows.items()}
     startup: dict = {}
     try:
-        med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup)
+        med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup,
+                               start_together=device == "gpu")
     except RuntimeError as e:  # a worker that failed or died: named, the last line, exit 1
         sys.exit(f"error: {e}")
     print(f"batch_size={args.batch_size} steps/round={args.steps} threads={threads} real tokens/pair={real_tokens_per_pair:.1f}")

@@ -46,10 +46,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Sequence
 
-from array_record.python.array_record_module import ArrayRecordWriter
 from tqdm.auto import tqdm
 
-from sentemb_jax import faults
+from sentemb_jax import dependencies, faults
 from sentemb_jax.data import storage
 from sentemb_jax.data.example_proto import example_class
 from sentemb_jax.data.files import FileSpec, ReadSummary, validated_rows
@@ -171,7 +170,7 @@ def write_shard(spec: FileSpec, task: ShardTask, output: str, on_bad_row: str = 
     rows = 0
     local_dir = output if not is_remote(output) else tempfile.mkdtemp(prefix="sentemb_prepare_")
     tmp = os.path.join(local_dir, f".{task.name}.tmp-{os.getpid()}")
-    writer = ArrayRecordWriter(tmp, "group_size:1")
+    writer = dependencies.array_record("prepare_corpus").ArrayRecordWriter(tmp, "group_size:1")
     try:
         try:
             for path in task.inputs:

@@ -36,8 +36,8 @@ import logging
 from typing import Sequence
 
 import numpy as np
-from array_record.python.array_record_module import ArrayRecordReader
 
+from sentemb_jax import dependencies
 from sentemb_jax.data import storage
 from sentemb_jax.data.example_proto import parse_examples
 from sentemb_jax.errors import DataError
@@ -130,6 +130,7 @@ class PreparedCorpus:
         self.directory = self.manifest_file[: -len(MANIFEST)].rstrip("/") or "."
         self.features = dict(self.manifest["features"])
         self.files = [storage.join(self.directory, s["file"]) for s in self.manifest["shards"]]
+        self._array_record = dependencies.array_record(f"the prepared corpus {self.manifest_file}")  # before any work
         if is_remote(self.files[0]):
             raise DataError(f"{self.files[0]}: ArrayRecord shards are read by random access from a local or mounted "
                             "path; mount the bucket (gcsfuse, as MaxText's Grain input does) and name the mount")
@@ -137,7 +138,7 @@ class PreparedCorpus:
         self.skipped = self._check_shards(on_bad_shard)
         self.starts = np.concatenate([[0], np.cumsum(self.counts)])
         self.window_shards = window_shards
-        self._readers: collections.OrderedDict[int, ArrayRecordReader] = collections.OrderedDict()
+        self._readers: collections.OrderedDict[int, object] = collections.OrderedDict()
         self._permutations: dict[tuple[int, int], np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -206,11 +207,11 @@ class PreparedCorpus:
         """How many examples of an epoch this host reads."""
         return max(0, -(-(len(self) - index) // hosts))
 
-    def _reader(self, shard: int) -> ArrayRecordReader:
+    def _reader(self, shard: int):
         reader = self._readers.pop(shard, None)
         if reader is None:
             try:
-                reader = ArrayRecordReader(self.files[shard], "readahead_buffer_size:0,max_parallelism:0")
+                reader = self._array_record.ArrayRecordReader(self.files[shard], "readahead_buffer_size:0,max_parallelism:0")
             except Exception as e:  # the C++ reader raises bare RuntimeErrors / ValueErrors
                 raise DataError(f"{self.files[shard]}: cannot read this shard ({str(e).splitlines()[0][:200]})") from None
             if reader.num_records() != self.counts[shard]:

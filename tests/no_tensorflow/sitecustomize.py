@@ -2,7 +2,11 @@
 (run_utils.without_tensorflow): Python loads this module at start-up, and from then on importing
 tensorflow, tensorflow_text, seqio or tensorflow_datasets raises ImportError (and
 importlib.util.find_spec says they are not installed), as where they were never installed."""
+import os
 import sys
 
-for _name in ("tensorflow", "tensorflow_text", "seqio", "tensorflow_datasets"):
+# SENTEMB_TEST_ALSO_UNIMPORTABLE (comma-separated) adds packages a GPU host's own Python lacks too
+# (array_record: tests/test_accelerator_report.py).
+for _name in ("tensorflow", "tensorflow_text", "seqio", "tensorflow_datasets",
+              *filter(None, os.environ.get("SENTEMB_TEST_ALSO_UNIMPORTABLE", "").split(","))):
     sys.modules[_name] = None
