@@ -95,11 +95,12 @@ def test_the_model_reaches_the_macro_each_config_reads_and_a_second_run_continue
     args = argparse.Namespace(quick=False, tiny_shapes=False, out=str(tmp_path), device=None, model="/kit/model",
                               data_dir=None)
     commands = ar.step_time(args) + ar.default_job(args)
-    assert len(commands) == 12
+    assert len(commands) == 13
     for c in commands:
         bound = {a.split("=")[0][len("--gin."):] for a in c.argv if a.startswith("--gin.") and "/kit/model" in a}
         assert bound == macros_naming_the_shipped_model(c.argv), c.label
-    assert {c.label for c in commands if not any("/kit/model" in a for a in c.argv)} == {"t5_base_bf16", "t5_large_bf16"}
+    assert {c.label for c in commands if not any("/kit/model" in a for a in c.argv)} == {"t5_base_bf16", "t5_large_bf16",
+                                                                                      "t5_base_bf16_unsafe_rbg"}
 
     out = tmp_path / "report"
     assert ar.main(["--out", str(out), "--stages", "environment"]) == 0

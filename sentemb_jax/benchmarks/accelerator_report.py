@@ -161,6 +161,10 @@ def step_time_configs(quick: bool) -> list[tuple[str, list[str], str]]:
         ("trans_encoder_bi", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
          "bi_step"),
         ("ensemble_student", student + ["--gin_file", "gin/runs/ensemble_distill_cpu.gin"], "ensemble_student"),
+        # Last (a stage cut short loses it first): T5-base's dropout masks from JAX's 'unsafe_rbg'
+        # instead of threefry, beside the row above; on the H200, T5-base reached 35% MFU.
+        ("t5_base_bf16_unsafe_rbg", ["--gin_file", "gin/st5_base.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=256",
+                                     "--gin.sentemb_jax.RunConfig.prng_impl='unsafe_rbg'"], "train"),
     ]
 
 
