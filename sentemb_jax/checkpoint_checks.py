@@ -112,6 +112,20 @@ def tensor_dtype_problem(name: str, value: np.ndarray, want_dtype) -> tuple[str,
     return None
 
 
+def check_float_tensors(tensors: dict, source: str) -> None:
+    """The tensors of a head or a projection (a Dense module, a classifier) that become float32
+    parameters: a non-floating dtype or NaN / inf values is a CheckpointError naming each, before
+    the cast would hide it."""
+    wrong_dtype, non_finite = [], []
+    for name, value in tensors.items():
+        problem = tensor_dtype_problem(name, np.asarray(value), jnp.float32)
+        if problem:
+            (wrong_dtype if problem[0] == "dtype" else non_finite).append(problem[1])
+    problems = tensor_problems([], [], [], wrong_dtype, non_finite)
+    if problems:
+        raise CheckpointError(f"{source}: " + "; ".join(problems))
+
+
 def tensor_problems(missing: list[str], unexpected: list[str], wrong_shape: list[str], wrong_dtype: list[str],
                     non_finite: list[str]) -> list[str]:
     """One phrase per kind of problem, each listing its tensors."""

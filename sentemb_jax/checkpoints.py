@@ -456,9 +456,11 @@ def split_sequence_classifier(hf: dict, tensors: dict[str, np.ndarray], source: 
         if key is None:
             missing.append(name)
         else:
-            head[name] = np.asarray(rest.pop(key), np.float32)
+            head[name] = rest.pop(key)
     if missing:
         raise CheckpointError(f"{source}: sequence-classification head tensors missing: {', '.join(missing)}")
+    checks.check_float_tensors(head, source)
+    head = {name: np.asarray(value, np.float32) for name, value in head.items()}
     labels, hidden = head[f"{out}.weight"].shape
     if labels != 1:
         raise CheckpointError(f"{source}: a classifier with {labels} labels; CrossEncoder scores a pair with one logit "

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sentemb_jax import checkpoints
-from sentemb_jax.checkpoint_checks import remove_other_weights
+from sentemb_jax.checkpoint_checks import check_float_tensors, remove_other_weights
 from sentemb_jax.data.packing import pack_texts
 from sentemb_jax.encoder import (
     _position_limit,
@@ -337,6 +337,7 @@ def _our_head(tdir: str, hidden: int) -> tuple[str, dict, int] | None:
             raise CheckpointError(f"{path}: missing tensor {name!r}")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {shape}")
+    check_float_tensors({k: tensors[k] for k in want}, path)
     return head_cfg.get("pooling", "first"), {k: tensors[k] for k in want}, head_cfg.get("max_seq_length", DEFAULT_MAX_LENGTH)
 
 

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from sentemb_jax import checkpoints
 from sentemb_jax import encode_contract as contract
-from sentemb_jax.checkpoint_checks import staged_save
+from sentemb_jax.checkpoint_checks import check_float_tensors, staged_save
 from sentemb_jax.errors import CheckpointError, ConfigError
 from sentemb_jax.inference import (
     DeviceParams,
@@ -149,6 +149,7 @@ def _read_dense(mdir: str, in_features: int, allow_pickle: bool) -> tuple[dict, 
     want = {"linear.weight"} | ({"linear.bias"} if use_bias else set())
     if set(tensors) != want:
         raise CheckpointError(f"{mdir}: Dense module tensors {sorted(tensors)} != expected {sorted(want)}")
+    check_float_tensors(tensors, mdir)
     weight = tensors["linear.weight"]
     out_features = int(cfg.get("out_features", weight.shape[0]))
     if weight.shape != (out_features, in_features):

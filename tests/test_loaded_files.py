@@ -167,3 +167,37 @@ def test_a_sharded_save_over_an_old_model_safetensors_loads_the_new_weights(bert
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_array_equal(got[k], want[k], err_msg="/".join(k))
+
+
+def test_head_and_dense_tensors_of_a_non_floating_dtype_or_holding_nan_are_refused(tmp_path):
+    """The tensors cast to float32 outside the backbone - a sentence-transformers Dense module, our
+    cross-encoder head file, a Hugging Face sequence-classification head - are checked as the
+    backbone's are: a non-floating dtype or NaN / inf values named, before the cast hides them."""
+    from sentemb_jax.checkpoints import split_sequence_classifier
+    from sentemb_jax.cross_encoder import HEAD_FILE, _our_head
+    from sentemb_jax.encoder import _read_dense
+
+    dense = tmp_path / "2_Dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"in_features": 4, "out_features": 2, "bias": True,
+                                                   "activation_function": "torch.nn.modules.linear.Identity"}))
+    save_file({"linear.weight": np.arange(8, dtype=np.int64).reshape(2, 4),
+               "linear.bias": np.array([0.0, np.nan], np.float32)}, str(dense / "model.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        _read_dense(str(dense), 4, allow_pickle=False)
+    assert str(e.value) == (f"{dense}: tensors of a non-floating dtype for floating parameters (1): linear.weight: int64; "
+                            "tensors holding NaN or inf (1): linear.bias: 1 of 2 values")
+
+    save_file({"kernel": np.full((4, 1), np.inf, np.float32), "bias": np.zeros((1,), np.float32)},
+              str(tmp_path / HEAD_FILE))
+    with pytest.raises(CheckpointError, match=r"head\.safetensors: tensors holding NaN or inf \(1\): kernel: 4 of 4 values$"):
+        _our_head(str(tmp_path), 4)
+
+    head = {"classifier.weight": np.zeros((1, 4), np.float32), "classifier.bias": np.array([True]),
+            "bert.pooler.dense.weight": np.zeros((4, 4), np.float32), "bert.pooler.dense.bias": np.zeros((4,), np.float32)}
+    with pytest.raises(CheckpointError, match=r"^src: tensors of a non-floating dtype for floating parameters \(1\): "
+                                              r"classifier\.bias: bool$"):
+        split_sequence_classifier({"model_type": "bert"}, head, "src")
+    head["classifier.bias"] = np.zeros((1,), np.float32)
+    rest, params = split_sequence_classifier({"model_type": "bert"}, head, "src")
+    assert rest == {} and params["pooler"]["kernel"].dtype == np.float32  # a usable head still loads
