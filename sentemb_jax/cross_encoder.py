@@ -41,14 +41,7 @@ import numpy as np
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoint_checks import check_float_tensors, remove_other_weights
 from sentemb_jax.data.packing import pack_texts
-from sentemb_jax.encoder import (
-    _position_limit,
-    _read_dense,
-    _read_json,
-    _read_layout,
-    _within_positions,
-    _write_json,
-)
+from sentemb_jax.encoder import _position_limit, _within_positions
 from sentemb_jax.errors import CheckpointError
 from sentemb_jax.inference import (
     DeviceParams,
@@ -60,6 +53,7 @@ from sentemb_jax.inference import (
 )
 from sentemb_jax.models import ModelConfig, T5Config
 from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
+from sentemb_jax.st_layout import read_dense, read_json, read_layout, write_json
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
 
 log = logging.getLogger(__name__)
@@ -109,7 +103,7 @@ class CrossEncoder:
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: no such model directory")
-        layout = _read_layout(path)
+        layout = read_layout(path)
         tdir = layout.transformer_dir
         hf = checkpoints.read_hf_config_dict(tdir)
         tensors = checkpoints.read_hf_tensors(tdir, allow_pickle=allow_pickle)
@@ -236,7 +230,7 @@ class CrossEncoder:
         hf = {**self.hf_config, "architectures": [checkpoints.SEQUENCE_CLASSIFIERS[model_type][0]],
               "id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
         hf.pop("num_labels", None)  # transformers writes id2label, from which it counts the labels
-        _write_json(os.path.join(out_dir, checkpoints.CONFIG_FILE), hf, sort_keys=True)
+        write_json(os.path.join(out_dir, checkpoints.CONFIG_FILE), hf, sort_keys=True)
         remove_other_weights(out_dir, [checkpoints.SAFETENSORS_FILE])
         checkpoints.write_safetensors(os.path.join(out_dir, checkpoints.SAFETENSORS_FILE),
                                       checkpoints.sequence_classifier_to_hf(model_type, self.config, params["backbone"], params["head"]))
@@ -245,9 +239,9 @@ class CrossEncoder:
     def _save_modules(self, out_dir: str, params: dict) -> None:
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
         d = self.config.hidden_size
-        _write_json(os.path.join(out_dir, _POOLING_DIR, "config.json"),
+        write_json(os.path.join(out_dir, _POOLING_DIR, "config.json"),
                     {"embedding_dimension": d, "pooling_mode": _ST_POOLING_MODES[self.module.pooling], "include_prompt": True})
-        _write_json(os.path.join(out_dir, _DENSE_DIR, "config.json"),
+        write_json(os.path.join(out_dir, _DENSE_DIR, "config.json"),
                     {"in_features": d, "out_features": 1, "bias": True, "activation_function": _ST_IDENTITY,
                      "module_input_name": "sentence_embedding", "module_output_name": "scores"})
         head = params["head"]
@@ -262,20 +256,20 @@ class CrossEncoder:
         """modules.json, sentence_bert_config.json (+ the max length and lowercasing, which
         sentence-transformers' Transformer reads) and config_sentence_transformers.json."""
         output = ("logits", "scores") if task == "sequence-classification" else ("last_hidden_state", "token_embeddings")
-        _write_json(os.path.join(out_dir, ST_MODULE_CONFIG), {
+        write_json(os.path.join(out_dir, ST_MODULE_CONFIG), {
             "transformer_task": task, "modality_config": {"text": {"method": "forward", "method_output_name": output[0]}},
             "module_output_name": output[1], "max_seq_length": self.tokenizer.max_length,
             "do_lower_case": self.tokenizer.lowercase})
-        _write_json(os.path.join(out_dir, ST_CONFIG), {"model_type": "CrossEncoder", "activation_fn": _ST_SIGMOID,
+        write_json(os.path.join(out_dir, ST_CONFIG), {"model_type": "CrossEncoder", "activation_fn": _ST_SIGMOID,
                                                        "prompts": {}, "default_prompt_name": None})
-        _write_json(os.path.join(out_dir, MODULES_JSON),
+        write_json(os.path.join(out_dir, MODULES_JSON),
                     [{"idx": i, "name": str(i), "path": p, "type": t} for i, (p, t) in enumerate(modules)])
 
     def _save_ours(self, out_dir: str, params: dict) -> None:
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"], self.hf_config)
         checkpoints.write_safetensors(os.path.join(out_dir, HEAD_FILE),
                                       {k: np.asarray(params["head"][k], np.float32) for k in ("kernel", "bias")})
-        _write_json(os.path.join(out_dir, HEAD_CONFIG), {
+        write_json(os.path.join(out_dir, HEAD_CONFIG), {
             "pooling": self.module.pooling, "t5_pair_format": T5_PAIR_FORMAT, "max_seq_length": self.tokenizer.max_length,
             "layout": _OUR_LAYOUT_NOTE})
         with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
@@ -305,7 +299,7 @@ def _split_pairs(pairs) -> tuple[list[str], list[str]]:
 
 def _modular_head(layout, hidden: int, allow_pickle: bool) -> tuple[str, dict, int | None] | None:
     """A sentence-transformers cross-encoder's Pooling + Dense-to-`scores` head, as ours; None without one."""
-    scores = [d for d in layout.dense_dirs if _read_json(os.path.join(d, "config.json")).get("module_output_name") == "scores"]
+    scores = [d for d in layout.dense_dirs if read_json(os.path.join(d, "config.json")).get("module_output_name") == "scores"]
     if not scores:
         return None
     inverse = {v: k for k, v in _ST_POOLING_MODES.items()}
@@ -314,7 +308,7 @@ def _modular_head(layout, hidden: int, allow_pickle: bool) -> tuple[str, dict, i
         raise CheckpointError(f"{where}: a sentence-transformers cross-encoder is read as one Pooling (cls or mean) then "
                               f"one Dense to the score; this one has pooling {layout.pooling}, "
                               f"{len(layout.dense_dirs)} Dense module(s){', Normalize' if layout.normalize else ''}")
-    params, out_features, use_bias, act = _read_dense(where, hidden, allow_pickle)
+    params, out_features, use_bias, act = read_dense(where, hidden, allow_pickle)
     if out_features != 1 or act is not None:
         raise CheckpointError(f"{where}: the score Dense has {out_features} outputs and activation {act!r}; "
                               "CrossEncoder reads one logit with no activation")
@@ -329,7 +323,7 @@ def _our_head(tdir: str, hidden: int) -> tuple[str, dict, int] | None:
     if not os.path.isfile(path):
         return None
     cfg_path = os.path.join(tdir, HEAD_CONFIG)
-    head_cfg = _read_json(cfg_path) if os.path.isfile(cfg_path) else {}
+    head_cfg = read_json(cfg_path) if os.path.isfile(cfg_path) else {}
     tensors = checkpoints.read_safetensors_file(path)
     want = {"kernel": (hidden, 1), "bias": (1,)}
     for name, shape in want.items():

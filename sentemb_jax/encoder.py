@@ -11,7 +11,6 @@ their semantics: sentemb_jax/encode_contract.py), and takes MTEB 1.x's `task_nam
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import numbers
 import os
@@ -24,9 +23,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sentemb_jax import checkpoints
+from sentemb_jax import checkpoints, st_layout
 from sentemb_jax import encode_contract as contract
-from sentemb_jax.checkpoint_checks import check_float_tensors, staged_save
+from sentemb_jax.checkpoint_checks import staged_save
 from sentemb_jax.errors import CheckpointError, ConfigError
 from sentemb_jax.inference import (
     DeviceParams,
@@ -42,122 +41,11 @@ from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
-from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
 
-# sentence-transformers' legacy Pooling keys, in the order it concatenates them.
-_ST_LEGACY_POOLING = (
-    ("pooling_mode_cls_token", "cls"),
-    ("pooling_mode_max_tokens", "max"),
-    ("pooling_mode_mean_tokens", "mean"),
-    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len"),
-    ("pooling_mode_weightedmean_tokens", "weightedmean"),
-    ("pooling_mode_lasttoken", "lasttoken"),
-)
-_ST_ACTIVATIONS = {
-    "torch.nn.modules.linear.Identity": None,
-    "torch.nn.modules.activation.Tanh": "tanh",
-    "torch.nn.modules.activation.ReLU": "relu",
-}
 # Show a progress bar by default from this many sentences on.
 _PROGRESS_MIN_SENTENCES = 2000
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-
-
-@dataclasses.dataclass
-class _Layout:
-    """What a model directory holds, after reading modules.json (if any)."""
-
-    transformer_dir: str
-    pooling: tuple[str, ...] | None = None
-    dense_dirs: list[str] = dataclasses.field(default_factory=list)
-    normalize: bool = False
-    max_seq_length: int | None = None
-    lowercase: bool = False
-    include_prompt: bool = True  # the Pooling module pools the prompt's tokens too
-
-
-
-def transformer_dir_of(path: str) -> str:
-    """The directory of the backbone and its tokenizer files: the Transformer module of a
-    sentence-transformers model, else `path` itself."""
-    return _read_layout(path).transformer_dir
-
-
-def _is_under(entry: str, root: str) -> bool:
-    return "\0" not in entry and is_under(entry, root)
-
-
-def _read_layout(path: str) -> _Layout:
-    modules_path = os.path.join(path, "modules.json")
-    if not os.path.isfile(modules_path):
-        return _Layout(transformer_dir=path)
-    layout = _Layout(transformer_dir=path)
-    modules = _read_json(modules_path)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise CheckpointError(f"{modules_path}: expected a list of module objects")
-    for i, module in enumerate(modules):
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        entry = module.get("path", "")
-        # A module directory is one of this model directory's: never an absolute path or one out of it ('..').
-        if not isinstance(entry, str) or os.path.isabs(entry) or not _is_under(entry, path):
-            raise CheckpointError(f"{modules_path}: module {i} ({kind or '?'}) has path {entry!r}, which leaves the "
-                                  f"model directory {os.path.normpath(path)}; module paths are relative to it")
-        mdir = os.path.join(path, entry)
-        if kind == "Transformer":
-            layout.transformer_dir = mdir
-            sb = os.path.join(mdir, "sentence_bert_config.json")
-            if os.path.isfile(sb):
-                sbc = _read_json(sb)
-                layout.max_seq_length = sbc.get("max_seq_length")
-                layout.lowercase = bool(sbc.get("do_lower_case", False))
-        elif kind == "Pooling":
-            cfg = _read_json(os.path.join(mdir, "config.json"))
-            if "pooling_mode" in cfg:
-                mode = cfg["pooling_mode"]
-                modes = (mode,) if isinstance(mode, str) else tuple(mode)
-            else:
-                modes = tuple(name for key, name in _ST_LEGACY_POOLING if cfg.get(key))
-            layout.pooling = check_pooling_modes(modes)
-            layout.include_prompt = bool(cfg.get("include_prompt", True))
-        elif kind == "Dense":
-            layout.dense_dirs.append(mdir)
-        elif kind == "Normalize":
-            layout.normalize = True
-        else:
-            raise CheckpointError(f"{modules_path}: module type {module.get('type')!r} is not supported")
-    return layout
-
-
-def _read_dense(mdir: str, in_features: int, allow_pickle: bool) -> tuple[dict, int, bool, str | None]:
-    cfg = _read_json(os.path.join(mdir, "config.json"))
-    act_name = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
-    if act_name not in _ST_ACTIVATIONS:
-        raise CheckpointError(f"{mdir}/config.json: activation_function {act_name!r} is not supported ({sorted(_ST_ACTIVATIONS)})")
-    tensors = checkpoints.read_hf_tensors(mdir, allow_pickle=allow_pickle)
-    use_bias = bool(cfg.get("bias", True))
-    want = {"linear.weight"} | ({"linear.bias"} if use_bias else set())
-    if set(tensors) != want:
-        raise CheckpointError(f"{mdir}: Dense module tensors {sorted(tensors)} != expected {sorted(want)}")
-    check_float_tensors(tensors, mdir)
-    weight = tensors["linear.weight"]
-    out_features = int(cfg.get("out_features", weight.shape[0]))
-    if weight.shape != (out_features, in_features):
-        raise CheckpointError(f"{mdir}: linear.weight has shape {weight.shape}, expected {(out_features, in_features)}")
-    params = {"kernel": np.asarray(weight, np.float32).T}
-    if use_bias:
-        params["bias"] = np.asarray(tensors["linear.bias"], np.float32)
-    return params, out_features, use_bias, _ST_ACTIVATIONS[act_name]
 
 
 def _restore_state(manager, step: int):
@@ -255,7 +143,7 @@ class SentenceEncoder(contract.ModelSettings):
                                    encoder.include_prompt, config=encoder._settings())
             return encoder
         st_config = contract.read_st_config(path)
-        layout = _read_layout(path)
+        layout = st_layout.read_layout(path)
         if dtype is not None:
             config_overrides.setdefault("dtype", jnp.dtype(dtype))
         cfg, backbone_params, hf = checkpoints.load_hf_checkpoint(
@@ -269,7 +157,7 @@ class SentenceEncoder(contract.ModelSettings):
             raise CheckpointError(f"{path}: more than one Dense module is not supported")
         if layout.dense_dirs:
             width = _pooled_width(cfg, modes)
-            projection, proj_dim, proj_bias, proj_act = _read_dense(layout.dense_dirs[0], width, allow_pickle)
+            projection, proj_dim, proj_bias, proj_act = st_layout.read_dense(layout.dense_dirs[0], width, allow_pickle)
         module = SentenceEmbedder(
             backbone_config=cfg, pooling=modes, projection_dim=proj_dim, projection_bias=proj_bias,
             projection_activation=proj_act, normalize=layout.normalize if normalize is None else normalize,
@@ -290,7 +178,7 @@ class SentenceEncoder(contract.ModelSettings):
         """The tower of a training run (its MODEL_DIR): the best checkpoint by STS-B dev
         (`which='best'`, falling back to the latest) or the latest one, on the architecture the
         run recorded in MODEL_DIR/encoder.json (the model it started from, layers kept, head)."""
-        arch = _read_json(os.path.join(run_dir, ENCODER_JSON))
+        arch = st_layout.read_json(os.path.join(run_dir, ENCODER_JSON))
         if not arch.get("init_from"):
             raise CheckpointError(f"{run_dir}: a run trained from scratch records no model directory to rebuild its "
                                   "tower from; export it with sentemb_jax.train.export_dir (a sentence-transformers directory)")
@@ -504,23 +392,23 @@ class SentenceEncoder(contract.ModelSettings):
         checkpoints.save_hf_checkpoint(out_dir, self.config, params["backbone"],
                                        self.hf_config or checkpoints.hf_config_of(self.config))  # {}: from scratch
         self.tokenizer.save_pretrained(out_dir)
-        _write_json(os.path.join(out_dir, "sentence_bert_config.json"),
+        st_layout.write_json(os.path.join(out_dir, "sentence_bert_config.json"),
                     {"max_seq_length": self.max_seq_length, "do_lower_case": self.tokenizer.lowercase})
-        legacy = dict((name, key) for key, name in _ST_LEGACY_POOLING)
+        legacy = dict((name, key) for key, name in st_layout.ST_LEGACY_POOLING)
         width = _pooled_width(self.config, self.module.pooling)
         pooling = {"word_embedding_dimension": self.config.hidden_size}
         if all(m in legacy for m in self.module.pooling) and len(self.module.pooling) == len(set(self.module.pooling)):
-            pooling.update({key: name in self.module.pooling for key, name in _ST_LEGACY_POOLING})
+            pooling.update({key: name in self.module.pooling for key, name in st_layout.ST_LEGACY_POOLING})
         else:
             pooling["pooling_mode"] = list(self.module.pooling)
         if not self.include_prompt:
             pooling["include_prompt"] = False
         modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
-        _write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
+        st_layout.write_json(os.path.join(out_dir, "1_Pooling", "config.json"), pooling)
         if self.module.projection_dim:
             dense_dir = os.path.join(out_dir, "2_Dense")
-            act = {v: k for k, v in _ST_ACTIVATIONS.items()}[self.module.projection_activation]
-            _write_json(os.path.join(dense_dir, "config.json"), {
+            act = {v: k for k, v in st_layout.ST_ACTIVATIONS.items()}[self.module.projection_activation]
+            st_layout.write_json(os.path.join(dense_dir, "config.json"), {
                 "in_features": width, "out_features": self.module.projection_dim,
                 "bias": self.module.projection_bias, "activation_function": act})
             proj = params["projection"]
@@ -532,20 +420,14 @@ class SentenceEncoder(contract.ModelSettings):
         if self.module.normalize:
             os.makedirs(os.path.join(out_dir, f"{len(modules)}_Normalize"), exist_ok=True)
             modules.append((f"{len(modules)}_Normalize", "sentence_transformers.models.Normalize"))
-        _write_json(os.path.join(out_dir, "modules.json"),
+        st_layout.write_json(os.path.join(out_dir, "modules.json"),
                     [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (path, kind) in enumerate(modules)])
-        _write_json(os.path.join(out_dir, contract.ST_CONFIG), self._st_config())
+        st_layout.write_json(os.path.join(out_dir, contract.ST_CONFIG), self._st_config())
 
     def __repr__(self) -> str:
         c = self.config
         return (f"SentenceEncoder({type(c).__name__}, pooling={self.module.pooling}, dim={self.get_sentence_embedding_dimension()}, "
                 f"max_seq_length={self.max_seq_length})")
-
-
-def _write_json(path: str, obj, sort_keys: bool = False) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=sort_keys)
 
 
 def _pooled_width(cfg: ModelConfig, modes: Sequence[str]) -> int:

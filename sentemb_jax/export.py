@@ -32,10 +32,11 @@ import numpy as np
 
 from sentemb_jax import validation
 from sentemb_jax.dependencies import require_tensorflow
-from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.locking import DirectoryLock
 from sentemb_jax.paths import is_remote
 from sentemb_jax.pooling import l2_normalize
+from sentemb_jax.st_layout import transformer_dir_of
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ LAYERS = [
     ("models", ["sentemb_jax.models"]),
     ("io", ["sentemb_jax.checkpoints", "sentemb_jax.checkpoint_checks", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
             "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache",
-            "sentemb_jax.locking", "sentemb_jax.faults"]),
+            "sentemb_jax.locking", "sentemb_jax.faults", "sentemb_jax.st_layout"]),
     ("data", ["sentemb_jax.data"]),
     ("inference", ["sentemb_jax.inference", "sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder",
                    "sentemb_jax.export", "sentemb_jax.onnx_export"]),

@@ -131,7 +131,7 @@ def test_saved_model_keeps_the_vocabulary_the_tf_input_pipeline_reads(tmp_path, 
     import tensorflow as tf
 
     from sentemb_jax.data.vocab import tokenizer_spec_for
-    from sentemb_jax.encoder import transformer_dir_of
+    from sentemb_jax.st_layout import transformer_dir_of
 
     out = str(tmp_path / "saved")
     SentenceEncoder.from_pretrained(minilm_dir).first_layers(1).save_pretrained(out)

@@ -175,7 +175,7 @@ def test_head_and_dense_tensors_of_a_non_floating_dtype_or_holding_nan_are_refus
     backbone's are: a non-floating dtype or NaN / inf values named, before the cast hides them."""
     from sentemb_jax.checkpoints import split_sequence_classifier
     from sentemb_jax.cross_encoder import HEAD_FILE, _our_head
-    from sentemb_jax.encoder import _read_dense
+    from sentemb_jax.st_layout import read_dense
 
     dense = tmp_path / "2_Dense"
     dense.mkdir()
@@ -184,7 +184,7 @@ def test_head_and_dense_tensors_of_a_non_floating_dtype_or_holding_nan_are_refus
     save_file({"linear.weight": np.arange(8, dtype=np.int64).reshape(2, 4),
                "linear.bias": np.array([0.0, np.nan], np.float32)}, str(dense / "model.safetensors"))
     with pytest.raises(CheckpointError) as e:
-        _read_dense(str(dense), 4, allow_pickle=False)
+        read_dense(str(dense), 4, allow_pickle=False)
     assert str(e.value) == (f"{dense}: tensors of a non-floating dtype for floating parameters (1): linear.weight: int64; "
                             "tensors holding NaN or inf (1): linear.bias: 1 of 2 values")
 

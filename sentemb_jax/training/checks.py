@@ -16,11 +16,11 @@ from sentemb_jax import partitioning
 from sentemb_jax import validation as v
 from sentemb_jax.data.sources import seqio_route_reason, task_specs
 from sentemb_jax.dependencies import require_tensorflow
-from sentemb_jax.encoder import transformer_dir_of
 from sentemb_jax.errors import DataError, TrainingError
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.preflight import require_dir, require_model_dir
 from sentemb_jax.run_dir import BEST, CHECKPOINTS
+from sentemb_jax.st_layout import transformer_dir_of
 from sentemb_jax.training.config import RunConfig
 
 TOWER, DATA = "sentemb_jax.TowerConfig", "sentemb_jax.DataConfig"

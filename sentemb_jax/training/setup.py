@@ -30,9 +30,10 @@ from sentemb_jax.data import reader
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.sources import seqio_route_reason
 from sentemb_jax.dependencies import require_tensorflow
-from sentemb_jax.encoder import SentenceEncoder, transformer_dir_of
+from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import ConfigError, TrainingError
 from sentemb_jax.models.sentence import SentenceEmbedder
+from sentemb_jax.st_layout import transformer_dir_of
 from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer, check_ids_fit
 from sentemb_jax.training import sharded
 from sentemb_jax.training.config import RunConfig, TowerConfig
