@@ -201,3 +201,23 @@ def test_head_and_dense_tensors_of_a_non_floating_dtype_or_holding_nan_are_refus
     head["classifier.bias"] = np.zeros((1,), np.float32)
     rest, params = split_sequence_classifier({"model_type": "bert"}, head, "src")
     assert rest == {} and params["pooler"]["kernel"].dtype == np.float32  # a usable head still loads
+
+
+@pytest.mark.parametrize("reader", ["numpy", "seqio"])
+def test_a_tokenizer_dir_beside_init_from_is_checked_against_the_embedding_table_on_both_routes(bert_dir, minilm_dir,
+                                                                                                  reader):
+    """TowerConfig.tokenizer_dir (all-MiniLM-L6-v2's, 30,522 ids) as the training input's tokenizer
+    of a model with 120 embedding rows: refused before a batch is read, through the TensorFlow-free
+    reader and through seqio alike."""
+    from sentemb_jax.models.sentence import SentenceEmbedder
+    from sentemb_jax.training import setup
+    from sentemb_jax.training.config import DataConfig, RunConfig
+
+    backbone = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    model = SentenceEncoder(SentenceEmbedder(backbone, pooling=("mean",)), None, None)
+    config = RunConfig(model_dir="/unused", num_steps=1, model=TowerConfig(init_from=bert_dir, tokenizer_dir=minilm_dir),
+                       data=DataConfig(reader=reader, sequence_length=16))
+    with pytest.raises(CheckpointError) as e:
+        setup._input(config, model, fixed_padding=True)
+    assert str(e.value) == (f"{minilm_dir} (the tokenizer of the training input): the tokenizer's largest token id is "
+                            "30521, but the model's embedding table has 120 rows (vocab_size); ids >= 120 have no embedding")

@@ -275,18 +275,28 @@ def _input(config: RunConfig, model, fixed_padding: bool):
     shard = (jax.process_index(), processes) if processes > 1 else None
     buckets = (data.sequence_length,) if fixed_padding else TRAIN_BUCKETS
     if data.route == "numpy":
-        own = getattr(model, "tokenizer", None)
-        tokenizer = (own if own is not None and not (config.model and config.model.tokenizer_dir)
-                     else Tokenizer.from_pretrained(_tokenizer_dir(config.model, model), max_length=data.sequence_length))
-        vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-        if tokenizer is not own and vocab_size is not None:
-            check_ids_fit(tokenizer, vocab_size, f"{tokenizer.source_dir} (the tokenizer of the training input)")
-        return reader.numpy_batches(data, tokenizer, shard, buckets, data.same_length or fixed_padding)
+        return reader.numpy_batches(data, _input_tokenizer(config, model), shard, buckets, data.same_length or fixed_padding)
     require_tensorflow(*seqio_route_reason(data))
+    if config.model is not None and config.model.tokenizer_dir:  # seqio's vocabulary reads that directory
+        _input_tokenizer(config, model)
     from sentemb_jax.data import pipeline  # lazy: seqio / TensorFlow, only for the seqio route
 
     task = pipeline.register_task(data, _tokenizer_dir(config.model, model))
     return pipeline.task_pipeline(task, data, fixed_padding)
+
+
+def _input_tokenizer(config: RunConfig, model) -> Tokenizer:
+    """The tokenizer of the training input: the model's own, or TowerConfig.tokenizer_dir's,
+    whose ids are checked against the model's embedding table (one it has no row for would embed
+    as NaN), on either input route."""
+    own = getattr(model, "tokenizer", None)
+    if own is not None and not (config.model and config.model.tokenizer_dir):
+        return own
+    tokenizer = Tokenizer.from_pretrained(_tokenizer_dir(config.model, model), max_length=config.data.sequence_length)
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab_size is not None:
+        check_ids_fit(tokenizer, vocab_size, f"{tokenizer.source_dir} (the tokenizer of the training input)")
+    return tokenizer
 
 
 def _tokenizer_dir(tower: TowerConfig | None, model) -> str | None:
