@@ -331,8 +331,9 @@ def _our_head(tdir: str, hidden: int) -> tuple[str, dict, int] | None:
             raise CheckpointError(f"{path}: missing tensor {name!r}")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {shape}")
-    check_float_tensors({k: tensors[k] for k in want}, path)
-    return head_cfg.get("pooling", "first"), {k: tensors[k] for k in want}, head_cfg.get("max_seq_length", DEFAULT_MAX_LENGTH)
+    head = {k: tensors[k] for k in want}
+    check_float_tensors(head, path)
+    return head_cfg.get("pooling", "first"), head, head_cfg.get("max_seq_length", DEFAULT_MAX_LENGTH)
 
 
 # The sentence-transformers module files of the other layouts, removed when a directory is saved over.

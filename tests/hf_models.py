@@ -1,7 +1,6 @@
 """Tiny random Hugging Face (PyTorch) checkpoints written to temp dirs, as parity references."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -11,19 +10,14 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from sentemb_jax.benchmarks import report_kit
+
 
 def _spm_model() -> str:
-    """seqio's test sentencepiece model, found without importing seqio (which imports TensorFlow),
-    or the file SENTEMB_TEST_SPM_MODEL names: on a host without seqio, `report_kit` carries it."""
-    if os.environ.get("SENTEMB_TEST_SPM_MODEL"):
-        return os.environ["SENTEMB_TEST_SPM_MODEL"]
-    try:
-        spec = importlib.util.find_spec("seqio")
-    except ValueError:  # made unimportable (tests/no_tensorflow)
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return "(seqio is not installed: set SENTEMB_TEST_SPM_MODEL to seqio's test_data/sentencepiece/sentencepiece.model)"
-    return os.path.join(spec.submodule_search_locations[0], "test_data", "sentencepiece", "sentencepiece.model")
+    """seqio's test sentencepiece model (report_kit.seqio_test_spm), or the file
+    SENTEMB_TEST_SPM_MODEL names: on a host without seqio, `report_kit` carries it."""
+    return (os.environ.get("SENTEMB_TEST_SPM_MODEL") or report_kit.seqio_test_spm()
+            or "(seqio is not installed: set SENTEMB_TEST_SPM_MODEL to seqio's test_data/sentencepiece/sentencepiece.model)")
 
 
 SPM_MODEL = _spm_model()

@@ -297,6 +297,9 @@ def run_side_by_side(workers: dict[str, tuple], rounds: int, label: str = "sent/
     conns, procs = {}, []
     startup = {} if startup is None else startup
     rates: dict[str, list[float]] = {n: [] for n in workers}
+    if start_together:
+        print("workers start together (the host's cores compile them side by side): each first call from cold "
+              "includes the others' start-up; the rounds run one worker at a time", flush=True)
     try:  # the workers already started are stopped and joined however this ends
         for name, (target, args) in workers.items():
             if isinstance(target, list):
@@ -439,8 +442,6 @@ def main(argv=None):
           flush=True)
     if device == "gpu":
         print(gpu_memory_line(), flush=True)
-        print("workers start together (the host's cores compile them side by side): each first call from cold "
-              "includes the others' start-up; the rounds run one worker at a time", flush=True)
     batch_size = args.batch_size or DEFAULT_BATCH_SIZE[device]
     model_dir = args.model or packaged_minilm_path()
     s1, s2, gold = _stsb_test_pairs(args.data_dir)

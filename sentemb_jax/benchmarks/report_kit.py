@@ -49,8 +49,13 @@ DATA_ARCHIVE = "data.tar.xz"
 TEST_SPM = os.path.join("test_data", "sentencepiece.model")
 
 
-def _seqio_test_spm() -> str | None:
-    spec = importlib.util.find_spec("seqio")  # its files only: importing seqio imports TensorFlow
+def seqio_test_spm() -> str | None:
+    """seqio's test sentencepiece model where seqio is installed (its files are found, seqio is not
+    imported: that would import TensorFlow); None elsewhere, or where seqio is made unimportable."""
+    try:
+        spec = importlib.util.find_spec("seqio")
+    except ValueError:  # sys.modules["seqio"] is None (tests/no_tensorflow)
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     path = os.path.join(spec.submodule_search_locations[0], "test_data", "sentencepiece", "sentencepiece.model")
@@ -141,7 +146,7 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
         for w in wheels:
             with zipfile.ZipFile(w) as z:
                 z.extractall(os.path.join(work, "site"))
-        spm = _seqio_test_spm()
+        spm = seqio_test_spm()
         if spm:
             os.makedirs(os.path.join(work, "test_data"))
             shutil.copy2(spm, os.path.join(work, TEST_SPM))

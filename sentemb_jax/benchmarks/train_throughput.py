@@ -192,8 +192,6 @@ def main(argv=None):
           flush=True)
     if device == "gpu":
         print(gpu_memory_line(), flush=True)
-        print("workers start together (the host's cores compile them side by side): each first call from cold "
-              "includes the others' start-up; the rounds run one worker at a time", flush=True)
     model_dir = args.model or packaged_minilm_path()
     pairs = _pairs(args.data_dir, args.steps * args.batch_size)
     if len(pairs) < args.steps * args.batch_size:  # short or empty batches would time something else

@@ -52,6 +52,7 @@ from sentemb_jax.run_dir import (
     checkpoint_manager,
     run_path,
 )
+from sentemb_jax.st_layout import write_json
 from sentemb_jax.training import run_record
 from sentemb_jax.training.checks import check_disk_space, check_inputs
 from sentemb_jax.training.config import RunConfig, record_of
@@ -296,7 +297,7 @@ def _export_tower(loop: RunState, run: Run, best_manager, restore_target, export
             os.remove(record)
         encoder.save_pretrained(export_dir)
         best = None if loop.best is None else {k: int(v) if k == "step" else float(v) for k, v in loop.best.items()}
-        _write_json(record, {"model_dir": loop.model_dir, "tower": which, "step": int(step), "best": best,
+        write_json(record, {"model_dir": loop.model_dir, "tower": which, "step": int(step), "best": best,
                              "run_config_sha256": _sha256(run_path(loop.model_dir, RUN_CONFIG_JSON))})
         log.info("exported the %s tower (step %d) to %s", which, step, export_dir)
 
@@ -312,6 +313,3 @@ def _sha256(path: str) -> str | None:
         return None
 
 
-def _write_json(path: str, value: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1)
