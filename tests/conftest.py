@@ -31,6 +31,38 @@ else:
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[TEST_XLA_CACHE], JAX_ENABLE_COMPILATION_CACHE="true",
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
+# XLA's CPU optimisation (LLVM's passes, backend level 2) per test file. A file marked
+# `pytestmark = pytest.mark.fast_compile` compiles without it (jax_disable_most_optimizations, in its
+# processes and the ones its tests start): its time goes to compiling tiny models it then runs for a
+# few steps (test_gradcache's 2-layer T5 step: 166 compiles, 31.7 s -> 20.7 s, 2 cores). The other
+# files keep optimised code: their time is running real models (MiniLM over thousands of sentences,
+# timed steps), which runs up to 40% slower unoptimised. Both sides of every comparison in a file
+# run under the same setting; the same program computes within float32 round-off either way.
+FAST_COMPILE = "fast_compile"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{FAST_COMPILE}: compile this file's programs without XLA's CPU optimisation passes")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _xla_optimisation_per_file(request):
+    if request.node.get_closest_marker(FAST_COMPILE) is None:
+        yield
+        return
+    import jax
+
+    before, env_before = jax.config.values["jax_disable_most_optimizations"], os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    jax.config.update("jax_disable_most_optimizations", True)
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
+    if env_before is None:
+        os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+    else:
+        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = env_before
+
+
 # Hypothesis draws the same examples on every run and machine ("ci": derandomize, no example
 # database, failures printed with their reproduction blob). It is the default, and the only profile
 # when CI is set to true; a developer hunting for new failures picks "dev" (random draws, local

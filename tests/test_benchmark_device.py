@@ -16,6 +16,8 @@ from sentemb_jax.benchmarks import machine
 from sentemb_jax.benchmarks import train_throughput as train
 from sentemb_jax.errors import UsageError
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 FAKE_GPU = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200", id=0)
 
 

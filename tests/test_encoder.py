@@ -10,6 +10,8 @@ from hf_models import make_bert, make_t5
 from sentemb_jax import CheckpointError, SentenceEncoder
 from sentemb_jax.tokenization import Tokenizer, bucket_length
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 SENTENCES = ["A man is playing a guitar.", "hello", "The quick brown fox jumps over the lazy dog again and again.", "x y z"]
 
 

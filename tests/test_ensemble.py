@@ -14,6 +14,8 @@ from sentemb_jax import losses
 from sentemb_jax.jobs.distill import ensemble_distill
 from sentemb_jax.methods.ensemble import EnsembleEncoder, ensemble_weights
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -13,6 +13,8 @@ from sentemb_jax.models import T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 from sentemb_jax.training.method import TrainState
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 B, L = 64, 12
 
 

@@ -19,6 +19,8 @@ from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.data.packing import fill_rows
 from sentemb_jax.inference import pack_blocks, params_for_compute
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 LONG = " ".join(f"word{i} tokens and more" for i in range(60))  # > 128 MiniLM tokens: rows grow to its bucket
 
 

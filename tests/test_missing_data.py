@@ -13,6 +13,8 @@ from run_utils import gin_file_args
 from sentemb_jax import main as runner
 from sentemb_jax.errors import DataError
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.fixture
 def no_model_loading(monkeypatch):

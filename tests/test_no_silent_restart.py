@@ -9,6 +9,8 @@ from run_utils import gin_file_args
 
 import gin
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

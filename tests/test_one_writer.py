@@ -14,6 +14,8 @@ import gin
 from sentemb_jax.errors import DataError
 from sentemb_jax.locking import LOCK_FILE, DirectoryLock, LockError
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 @pytest.fixture
 def sleeper():

@@ -12,6 +12,8 @@ from sentemb_jax.methods.contrastive import Contrastive
 from sentemb_jax.models import BertConfig, T5Config
 from sentemb_jax.models.sentence import SentenceEmbedder
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 SIDES = ("anchor", "positive", "negative")
 
 

@@ -22,6 +22,8 @@ from sentemb_jax.methods import instance_queue as iq
 from sentemb_jax.methods.queue_distill import SCT, ConGen, EnsembleStudent, L2Distillation
 from sentemb_jax.training.method import TrainState
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

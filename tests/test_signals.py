@@ -20,6 +20,8 @@ from run_utils import REPO, gin_file_args
 import gin
 from sentemb_jax import main as runner
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 CONTINUE = "; run the same command to continue"
 
 

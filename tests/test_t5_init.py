@@ -4,9 +4,12 @@ import dataclasses
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
 from sentemb_jax.models import T5Config, build_model
 from sentemb_jax.models.sentence import SentenceEmbedder
+
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
 
 
 def test_query_init_folds_in_one_over_sqrt_head_dim():

@@ -12,6 +12,8 @@ from sentemb_jax.checkpoints import load_hf_checkpoint
 from sentemb_jax.models import build_model
 from sentemb_jax.models.sentence import SentenceEmbedder
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 TOL = 1e-4
 LENGTHS = [19, 7, 12, 1]
 

@@ -8,6 +8,8 @@ import pytest
 from hf_models import make_t5
 from run_utils import gin_file_args, latest_checkpoint
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

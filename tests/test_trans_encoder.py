@@ -14,6 +14,8 @@ from sentemb_jax.errors import DataError
 from sentemb_jax.jobs.trans_encoder import trans_encoder as trans_encoder_job
 from sentemb_jax.methods import trans_encoder as te
 
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
+
 
 def test_bi_encoder_scores_are_cosines():
     a = np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]], np.float32)

@@ -4,9 +4,12 @@ import os
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 from hf_models import make_t5
 
 from sentemb_jax import main as runner
+
+pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
