@@ -38,6 +38,7 @@ def _max_diff(got, want) -> float:
 def _reload_and_compare(out_dir, encoder, sentences, batch=500, want=None):
     """max |SavedModel - JAX| of serving_default (every sentence), embed_ids and __call__ (a batch each)."""
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401  the graph's tokenizer ops (docs/serving.md says so)
 
     loaded = tf.saved_model.load(out_dir)
     serve = loaded.signatures["serving_default"]
@@ -85,10 +86,22 @@ def test_minilm_savedmodel_from_the_gin_job(minilm_export, minilm_reference, sts
 
 
 @pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")  # tensorflow_hub's own import
+def test_the_load_command_of_the_serving_page_runs_on_the_export(minilm_export):
+    """docs/serving.md's one-line load of the export, in a fresh process (nothing else imported
+    first), on this export: it prints the embedding's shape."""
+    text = open(os.path.join(REPO, "docs", "serving.md"), encoding="utf-8").read()
+    (line,) = [x for x in text.splitlines() if x.startswith("python -c") and "tf.saved_model.load" in x]
+    code = line[len('python -c "'):-1].replace("/tmp/minilm_savedmodel", minilm_export)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "(1, 384)"
+
+
 def test_minilm_savedmodel_as_a_tf_hub_keras_layer(minilm_export, minilm_reference, stsb_dev_sentences):
     """hub.KerasLayer(path)(strings)[0], alone and inside a tf_keras model, equals the JAX embeddings."""
     import tensorflow as tf
     import tensorflow_hub as hub
+    import tensorflow_text  # noqa: F401  the graph's tokenizer ops
     import tf_keras
 
     sentences, want = stsb_dev_sentences[:300], minilm_reference[1][:300]
