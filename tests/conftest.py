@@ -31,7 +31,7 @@ else:
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[TEST_XLA_CACHE], JAX_ENABLE_COMPILATION_CACHE="true",
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
-# XLA's CPU optimisation (LLVM's passes, backend level 2) per test file. A file marked
+# XLA's CPU optimisation (LLVM's passes, backend level 2) per test file or test. A file marked
 # `pytestmark = pytest.mark.fast_compile` compiles without it (jax_disable_most_optimizations, in its
 # processes and the ones its tests start): its time goes to compiling tiny models it then runs for a
 # few steps (test_gradcache's 2-layer T5 step: 166 compiles, 31.7 s -> 20.7 s, 2 cores). The other
@@ -45,8 +45,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", f"{FAST_COMPILE}: compile this file's programs without XLA's CPU optimisation passes")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _xla_optimisation_per_file(request):
+def _unoptimised_xla_where_marked(request):
+    """Turns XLA's optimisation off while the marked module or test runs (also for the processes it
+    starts), then puts back what was there."""
     if request.node.get_closest_marker(FAST_COMPILE) is None:
         yield
         return
@@ -61,6 +62,11 @@ def _xla_optimisation_per_file(request):
         os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     else:
         os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = env_before
+
+
+# A marked module: before its module fixtures compile. A marked test: around that test alone.
+_xla_optimisation_per_file = pytest.fixture(scope="module", autouse=True)(_unoptimised_xla_where_marked)
+_xla_optimisation_per_test = pytest.fixture(autouse=True)(_unoptimised_xla_where_marked)
 
 
 # Hypothesis draws the same examples on every run and machine ("ci": derandomize, no example

@@ -214,6 +214,7 @@ def test_refusals(tmp_path, minilm_dir):
     assert _max_diff(a, b) == 0.0
 
 
+@pytest.mark.fast_compile  # test_packing compiles these programs so: one compile, loaded here from the run's cache
 def test_pooler_head_packed_logits_and_gradients_equal_padded():
     """The `pooler` head (HF's) through the packed training path, as test_packing checks first / mean."""
     from test_packing import test_packed_cross_encoder_logits_and_gradients_equal_padded as packed_equals_padded

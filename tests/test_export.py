@@ -85,7 +85,6 @@ def test_minilm_savedmodel_from_the_gin_job(minilm_export, minilm_reference, sts
     _reload_and_compare(minilm_export, encoder, stsb_dev_sentences, want=want)
 
 
-@pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")  # tensorflow_hub's own import
 def test_the_load_command_of_the_serving_page_runs_on_the_export(minilm_export):
     """docs/serving.md's one-line load of the export, in a fresh process (nothing else imported
     first), on this export: it prints the embedding's shape."""
@@ -97,6 +96,7 @@ def test_the_load_command_of_the_serving_page_runs_on_the_export(minilm_export):
     assert proc.stdout.strip().splitlines()[-1] == "(1, 384)"
 
 
+@pytest.mark.filterwarnings("ignore:pkg_resources is deprecated:UserWarning")  # tensorflow_hub's own import
 def test_minilm_savedmodel_as_a_tf_hub_keras_layer(minilm_export, minilm_reference, stsb_dev_sentences):
     """hub.KerasLayer(path)(strings)[0], alone and inside a tf_keras model, equals the JAX embeddings."""
     import tensorflow as tf
