@@ -53,15 +53,12 @@ def _unoptimised_xla_where_marked(request):
         return
     import jax
 
-    before, env_before = jax.config.values["jax_disable_most_optimizations"], os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    before = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", True)
-    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
-    yield
+    with pytest.MonkeyPatch.context() as env:  # the processes a test starts read the variable
+        env.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+        yield
     jax.config.update("jax_disable_most_optimizations", before)
-    if env_before is None:
-        os.environ.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
-    else:
-        os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = env_before
 
 
 # A marked module: before its module fixtures compile. A marked test: around that test alone.
