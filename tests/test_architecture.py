@@ -33,8 +33,8 @@ LAYERS = [
 # Imports inside a function are allowed only with a reason on the line (`# lazy: why`) - an
 # optional heavy dependency, or what the command line must import only after the console has
 # taken over stderr, TensorFlow where it is the tool (jobs run without it) - and only this many in
-# the package.
-MAX_LAZY_IMPORTS = 26
+# the package (scikit-learn and matplotlib among them: 1.3 s and 0.5 s that every job process paid).
+MAX_LAZY_IMPORTS = 33
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 

@@ -15,7 +15,6 @@ import os
 import warnings
 
 import numpy as np
-from sklearn.metrics import roc_auc_score
 
 from sentemb_jax.errors import UndefinedScoreError
 from sentemb_jax.evaluation.encoding import is_cross_encoder, predict_pairs
@@ -60,6 +59,8 @@ def pair_auc(scores, labels, name: str = "pairs") -> float:
     if bad.any():
         raise UndefinedScoreError(f"{name}: AUC undefined: {int(bad.sum())} of the {len(scores)} model scores are "
                                   "NaN / inf (NaN embeddings?)")
+    from sklearn.metrics import roc_auc_score  # lazy: 1.3 s to import, paid by every job otherwise
+
     return float(roc_auc_score(labels, scores) * 100)
 
 

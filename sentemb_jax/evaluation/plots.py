@@ -1,14 +1,22 @@
 """PNG plots of evaluation results (matplotlib, Agg canvas: no display, no global pyplot state)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.figure import Figure  # lazy: 0.5 s to import, paid by every job otherwise
+
+    return Figure(figsize=figsize)
 
 
 def _save(fig: Figure, path: str) -> str:
-    FigureCanvasAgg(fig)
+    # A Figure made without pyplot prints a .png through matplotlib's Agg canvas: no display needed.
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
@@ -16,7 +24,7 @@ def _save(fig: Figure, path: str) -> str:
 
 def plot_gold_vs_cosine(scores: np.ndarray, gold: np.ndarray, path: str, title: str = "STS-B test") -> str:
     """Scatter of gold similarity (x) against model cosine (y)."""
-    fig = Figure(figsize=(5, 4.5))
+    fig = _figure((5, 4.5))
     ax = fig.add_subplot()
     ax.scatter(gold, scores, s=6, alpha=0.4, linewidths=0)
     ax.set_xlabel("gold score")
@@ -28,7 +36,7 @@ def plot_gold_vs_cosine(scores: np.ndarray, gold: np.ndarray, path: str, title: 
 
 def plot_task_bars(values: dict[str, float], path: str, title: str, ylabel: str = "Spearman x 100") -> str:
     """One bar per task, value printed on top."""
-    fig = Figure(figsize=(max(4.0, 0.8 * len(values) + 1), 3.5))
+    fig = _figure((max(4.0, 0.8 * len(values) + 1), 3.5))
     ax = fig.add_subplot()
     bars = ax.bar(list(values), list(values.values()), color="tab:blue")
     ax.bar_label(bars, fmt="%.2f", fontsize=8)
@@ -41,7 +49,7 @@ def plot_task_bars(values: dict[str, float], path: str, title: str, ylabel: str 
 def plot_grouped_bars(rows: dict[str, dict[str, float]], path: str, title: str, ylabel: str = "Spearman x 100") -> str:
     """Tasks on the x axis, one bar per model (row) in each group."""
     tasks = list(next(iter(rows.values()))) if rows else []
-    fig = Figure(figsize=(max(5.0, 1.1 * len(tasks) + 1), 3.8))
+    fig = _figure((max(5.0, 1.1 * len(tasks) + 1), 3.8))
     ax = fig.add_subplot()
     width = 0.8 / max(len(rows), 1)
     for i, (name, values) in enumerate(rows.items()):
@@ -58,7 +66,7 @@ def plot_grouped_bars(rows: dict[str, dict[str, float]], path: str, title: str, 
 def plot_curve(x: list[float], y: list[float], path: str, title: str, xlabel: str, ylabel: str,
                reference: dict[str, float] | None = None) -> str:
     """A learning curve, with optional horizontal reference lines (e.g. the teacher's score)."""
-    fig = Figure(figsize=(5.5, 3.8))
+    fig = _figure((5.5, 3.8))
     ax = fig.add_subplot()
     ax.plot(x, y, marker=".")
     for label, value in (reference or {}).items():
@@ -75,7 +83,7 @@ def plot_lines_logx(lines: dict[str, list[tuple[float, float, str]]], path: str,
                     ylabel: str) -> str:
     """One line per series of (x, y, label) points over a log x axis, each point labelled (a scaling
     plot: score against parameters or FLOPs, one line per architecture)."""
-    fig = Figure(figsize=(6, 4))
+    fig = _figure((6, 4))
     ax = fig.add_subplot()
     for name, points in lines.items():
         points = sorted(points)
@@ -83,7 +91,7 @@ def plot_lines_logx(lines: dict[str, list[tuple[float, float, str]]], path: str,
         for x, y, label in points:
             ax.annotate(label, (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())  # labels on decades only: minor labels overlap
+    ax.tick_params(axis="x", which="minor", labelbottom=False)  # labels on decades only: minor labels overlap
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

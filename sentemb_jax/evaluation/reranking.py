@@ -14,7 +14,6 @@ does. Bi-encoders score by cosine, cross-encoders by `predict((query, candidate)
 from __future__ import annotations
 
 import numpy as np
-from sklearn.metrics import average_precision_score
 
 from sentemb_jax.evaluation.encoding import EmbeddingCache, is_cross_encoder
 from sentemb_jax.evaluation.pairs import pair_scores
@@ -30,6 +29,8 @@ def reciprocal_rank_at_k(scores: np.ndarray, labels: np.ndarray, k: int = 10) ->
 
 def rerank_metrics(per_query: list[tuple[np.ndarray, np.ndarray]], k: int = 10) -> dict:
     """{"map", "mrr@k"} x 100 from [(scores, 0/1 labels)] per query."""
+    from sklearn.metrics import average_precision_score  # lazy: 1.3 s to import, paid by every job otherwise
+
     return {
         "map": float(np.mean([average_precision_score(y, s) for s, y in per_query]) * 100),
         f"mrr@{k}": float(np.mean([reciprocal_rank_at_k(s, y, k) for s, y in per_query]) * 100),

@@ -25,8 +25,6 @@ import warnings
 from typing import Sequence
 
 import numpy as np
-from sklearn.linear_model import Ridge
-from sklearn.metrics import f1_score
 from threadpoolctl import threadpool_limits
 
 from sentemb_jax.data.files import read_sts_pairs
@@ -60,6 +58,8 @@ def _features(cache: EmbeddingCache, s1: Sequence[str], s2: Sequence[str], batch
 
 def ridge_dev_then_test(X_train, y_train, X_dev, y_dev, X_test, y_test, alphas: Sequence[float] = RIDGE_ALPHAS) -> dict:
     """Ridge head: alpha by dev Spearman, then test Spearman/Pearson (x 100) of that fit."""
+    from sklearn.linear_model import Ridge  # lazy: 1.3 s to import, paid by every job otherwise
+
     with threadpool_limits(1):
         fits = [Ridge(alpha=a).fit(X_train, y_train) for a in alphas]
         dev = [correlations(f.predict(X_dev), y_dev, f"ridge head (alpha={a}) on dev")["spearman"]
@@ -70,6 +70,8 @@ def ridge_dev_then_test(X_train, y_train, X_dev, y_dev, X_test, y_test, alphas: 
 
 
 def _binary_f1(X_train, y_train, X_test, y_test, C: float, seed: int) -> float:
+    from sklearn.metrics import f1_score  # lazy: 1.3 s to import, paid by every job otherwise
+
     clf = fit_logreg(X_train, y_train, C, seed)
     with threadpool_limits(1):
         return float(f1_score(y_test, clf.predict(X_test)) * 100)

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from sentemb_jax.evaluation.encoding import EmbeddingCache
 from sentemb_jax.evaluation.readers import read_labelled_sentences
 from sentemb_jax.evaluation.sts import MissingDataWarning
+
+if TYPE_CHECKING:
+    from sklearn.linear_model import LogisticRegression
 
 CV_TASKS = ("MR", "CR", "SUBJ", "MPQA")
 TRANSFER_TASKS = CV_TASKS + ("SST2", "TREC")
@@ -43,15 +44,23 @@ KFOLD_CS = tuple(2.0**t for t in range(-1, 6))  # SentEval KFoldClassifier
 DEFAULT_SEED = 1111
 
 
-def fit_logreg(X: np.ndarray, y: np.ndarray, C: float, seed: int) -> LogisticRegression:
+def fit_logreg(X: np.ndarray, y: np.ndarray, C: float, seed: int) -> "LogisticRegression":
+    from sklearn.linear_model import LogisticRegression  # lazy: 1.3 s to import, paid by every job otherwise
+
     # One BLAS thread: these fits are small, extra threads only add overhead on a shared CPU.
     with threadpool_limits(1):
         return LogisticRegression(C=C, max_iter=1000, random_state=seed).fit(X, y)
 
 
-def accuracy(clf: LogisticRegression, X: np.ndarray, y: np.ndarray) -> float:
+def accuracy(clf: "LogisticRegression", X: np.ndarray, y: np.ndarray) -> float:
     with threadpool_limits(1):
         return float(clf.score(X, y) * 100)
+
+
+def _stratified_kfold(k: int, seed: int):
+    from sklearn.model_selection import StratifiedKFold  # lazy: 1.3 s to import, paid by every job otherwise
+
+    return StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
 
 
 def senteval_order(sentences: Sequence[str], labels: Sequence) -> tuple[list[str], np.ndarray]:
@@ -62,7 +71,7 @@ def senteval_order(sentences: Sequence[str], labels: Sequence) -> tuple[list[str
 
 def cv_select_C(X: np.ndarray, y: np.ndarray, Cs: Sequence[float], k: int, seed: int) -> tuple[float, float]:
     """(best C, its mean k-fold accuracy rounded to 2 decimals as SentEval does)."""
-    folds = list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(X, y))
+    folds = list(_stratified_kfold(k, seed).split(X, y))
     scores = [round(float(np.mean([accuracy(fit_logreg(X[tr], y[tr], C, seed), X[te], y[te]) for tr, te in folds])), 2)
               for C in Cs]
     best = int(np.argmax(scores))
@@ -72,7 +81,7 @@ def cv_select_C(X: np.ndarray, y: np.ndarray, Cs: Sequence[float], k: int, seed:
 def inner_kfold_accuracy(X: np.ndarray, y: np.ndarray, k: int = 10, seed: int = DEFAULT_SEED,
                          Cs: Sequence[float] = INNER_KFOLD_CS, inner_k: int | None = None) -> dict:
     """SentEval InnerKFoldClassifier: {"acc", "devacc", "fold_acc", "fold_C"} (x 100)."""
-    outer = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+    outer = _stratified_kfold(k, seed)
     fold_acc, fold_dev, fold_C = [], [], []
     for tr, te in outer.split(X, y):
         C, dev = cv_select_C(X[tr], y[tr], Cs, inner_k or k, seed)
