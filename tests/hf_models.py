@@ -75,11 +75,15 @@ def padded_batch(vocab: int, lengths: list[int], pad_id: int, low: int = 3, seed
     return ids, mask
 
 
-def make_minilm_shaped_bert(path, minilm_dir: str, seed: int = 0, layers: int = 2, hidden: int = 32):
-    """A small random BERT with all-MiniLM-L6-v2's WordPiece tokenizer (real text goes through it)."""
+def make_minilm_shaped_bert(path, minilm_dir: str, seed: int = 0, layers: int = 2, hidden: int = 32,
+                            dropout: float = 0.1):
+    """A small random BERT with all-MiniLM-L6-v2's WordPiece tokenizer (real text goes through it).
+    `dropout` (BERT's 0.1 by default) sets both of its rates: 0 for a test that does not check
+    dropout, whose masks are about half of what XLA compiles for a step of a model this small."""
     torch.manual_seed(seed)
     cfg = transformers.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                                  intermediate_size=2 * hidden, max_position_embeddings=128)
+                                  intermediate_size=2 * hidden, max_position_embeddings=128,
+                                  hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
     model.save_pretrained(path)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):

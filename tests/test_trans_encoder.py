@@ -80,8 +80,8 @@ def test_read_unlabelled_pairs_drops_labels_and_duplicates(tmp_path):
         te.read_unlabelled_pairs([str(tmp_path / "missing.tsv")])
 
 
-def _tiny_bert(path, minilm_dir, seed):
-    make_minilm_shaped_bert(path, minilm_dir, seed=seed)
+def _tiny_bert(path, minilm_dir, seed, dropout=0.1):
+    make_minilm_shaped_bert(path, minilm_dir, seed=seed, dropout=dropout)
     return str(path)
 
 
@@ -89,7 +89,9 @@ def test_tiny_mutual_cycle_end_to_end_and_rerun_resumes(tmp_path, data_dir, mini
     rows = open(os.path.join(data_dir, "stsb", "train.tsv"), encoding="utf-8").read().splitlines()[:201]
     pairs_file = tmp_path / "pairs.tsv"
     pairs_file.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    models = [_tiny_bert(tmp_path / f"m{i}", minilm_dir, seed=i) for i in range(2)]
+    # Dropout off: this test checks what the cycle learns and keeps, not dropout (the SIGTERM test
+    # below keeps it on, for the resumed phase's random stream).
+    models = [_tiny_bert(tmp_path / f"m{i}", minilm_dir, seed=i, dropout=0.0) for i in range(2)]
     dev = te.EvalSet("stsb_dev_head", os.path.join(data_dir, "stsb", "dev.tsv"), "sts", (0, 200))
     kw = dict(model_dir=str(tmp_path / "run"), bi_encoders=models, pair_files=[str(pairs_file)], dev=dev, cycles=1,
               # A random model's cosines bunch together: spread them onto [0, 1] so there is a ranking to learn.
@@ -239,7 +241,8 @@ def test_cycle_on_8_devices_equals_one_device_and_uses_the_configured_optimizer(
     import sys
 
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trans_encoder_devices.py")
-    model = _tiny_bert(tmp_path / "m", minilm_dir, seed=0)
+    # Dropout off: sharded dropout equal to one device's is tests/test_sharding.py's check.
+    model = _tiny_bert(tmp_path / "m", minilm_dir, seed=0, dropout=0.0)
     out = {}
     for devices, optimizer in ((1, "adamw"), (8, "adamw"), (1, "adafactor")):
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=simulated_devices_flags(devices))
