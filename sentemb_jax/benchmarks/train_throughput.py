@@ -31,7 +31,7 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import losses
 from sentence_transformers.util import batch_to_device
 
-from sentemb_jax.benchmarks.encode_throughput import apply_torch_fp32_matmul, check_torch_finds, run_side_by_side, serve_rounds
+from sentemb_jax.benchmarks.encode_throughput import apply_torch_fp32_matmul, check_torch_finds
 from sentemb_jax.benchmarks.machine import (
     apply_jax_fp32_matmul,
     device_description,
@@ -44,6 +44,7 @@ from sentemb_jax.benchmarks.machine import (
     spec_peak,
     usable_cores,
 )
+from sentemb_jax.benchmarks.side_by_side import run_side_by_side, serve_rounds
 from sentemb_jax.data.files import FileSpec, read_examples
 from sentemb_jax.errors import UsageError
 from sentemb_jax.hub import packaged_minilm_path
