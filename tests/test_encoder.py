@@ -64,7 +64,8 @@ def test_encdec_needs_decoder(tmp_path):
 
 
 def _save_st_model(model_dir, pooling_mode, dense_out=None):
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models  # sentence_transformers.models is deprecated
 
     word = models.Transformer(model_dir, max_seq_length=48)
     mods = [word, models.Pooling(word.get_embedding_dimension(), pooling_mode=pooling_mode)]
