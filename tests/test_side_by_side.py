@@ -6,6 +6,7 @@ sentence-transformers and JAX (about 10 s a worker on 2 cores)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -28,13 +29,12 @@ for line in sys.stdin:
 
 
 def test_a_worker_in_another_python_alternates_with_the_others(tmp_path, capsys):
-    import sys
-
     script = tmp_path / "worker.py"
     script.write_text(_FAKE_WORKER)
     startup: dict = {}
-    med = side_by_side.run_side_by_side({"a": ([sys.executable, str(script)], ("a", 0.5)), "b": ([sys.executable, str(script)], ("b", 0.25))},
-                                 rounds=3, count=100, startup=startup)
+    med = side_by_side.run_side_by_side({"a": ([sys.executable, str(script)], ("a", 0.5)),
+                                         "b": ([sys.executable, str(script)], ("b", 0.25))},
+                                        rounds=3, count=100, startup=startup)
     assert med == {"a": 200.0, "b": 400.0}
     assert startup == {"a": {"first_call_s": 1.5, "stsb_test": 80.0}, "b": {"first_call_s": 1.5, "stsb_test": 80.0}}
     assert capsys.readouterr().out.splitlines()[-1] == "round 3: a=200.0 sent/s  b=400.0 sent/s"
@@ -63,15 +63,13 @@ def test_workers_started_together_start_before_any_is_ready_and_alternate_as_bef
     """start_together (a GPU host: encode_throughput / train_throughput there) starts every worker
     before waiting for the first to be ready; the rounds and the rates are as when they start one
     after another."""
-    import sys
-
     script = tmp_path / "worker.py"
     script.write_text(_MEETING_WORKER)
     startup: dict = {}
     started = time.monotonic()
     med = side_by_side.run_side_by_side({"first": ([sys.executable, str(script)], ("first", tmp_path)),
-                                  "second": ([sys.executable, str(script)], ("second", tmp_path))},
-                                 rounds=2, count=100, startup=startup, start_together=True)
+                                         "second": ([sys.executable, str(script)], ("second", tmp_path))},
+                                        rounds=2, count=100, startup=startup, start_together=True)
     assert startup["first"]["saw_second"] is True and time.monotonic() - started < 50
     assert med == {"first": 200.0, "second": 200.0}
 
@@ -111,11 +109,11 @@ def test_a_worker_process_that_dies_is_named_with_its_signal_not_waited_for(when
         raise AssertionError("run_side_by_side still waits for a worker that died 600 s ago")
 
     old = signal.signal(signal.SIGALRM, waited_forever)
-    signal.alarm(600)  # spawned workers import torch, jax and this module: slow on a loaded machine
+    signal.alarm(600)  # far above the second or two a spawned worker of this module takes to start
     try:
         with pytest.raises(RuntimeError, match=r"^dies worker died on SIGSEGV \(its output is above\)$"):
             side_by_side.run_side_by_side({"steady": (_steady_worker, ()), "dies": (_worker_that_dies, (when,))},
-                                   rounds=3, count=1)
+                                          rounds=3, count=1)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
