@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from sentemb_jax.benchmarks import encode_throughput as encode
-from sentemb_jax.benchmarks import machine
+from sentemb_jax.benchmarks import machine, torch_side
 from sentemb_jax.benchmarks import train_throughput as train
 from sentemb_jax.errors import UsageError
 
@@ -58,13 +58,13 @@ def test_applied_settings_reach_jax_programs_and_torch(monkeypatch):
     before_jax, before_torch = jax.config.jax_default_matmul_precision, torch.backends.cuda.matmul.fp32_precision
     try:
         machine.apply_jax_fp32_matmul(machine.fp32_matmul_settings("cpu"))  # the CPU: nothing changes
-        encode.apply_torch_fp32_matmul(machine.fp32_matmul_settings("cpu"))
+        torch_side.apply_torch_fp32_matmul(machine.fp32_matmul_settings("cpu"))
         assert jax.config.jax_default_matmul_precision == before_jax
         assert torch.backends.cuda.matmul.fp32_precision == before_torch
         for mode, hlo, cublas in (("ieee", "HIGHEST", "ieee"), ("tf32", "HIGH", "tf32")):
             settings = machine.fp32_matmul_settings("gpu", mode)
             machine.apply_jax_fp32_matmul(settings)
-            encode.apply_torch_fp32_matmul(settings)
+            torch_side.apply_torch_fp32_matmul(settings)
             assert f"precision = [{hlo}, {hlo}]" in dot()
             assert torch.backends.cuda.matmul.fp32_precision == cublas
     finally:

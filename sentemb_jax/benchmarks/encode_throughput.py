@@ -12,7 +12,8 @@ ours exported to ONNX (sentemb_jax.onnx_export) run by ONNX Runtime (float32; in
 quantisation) and by OpenVINO (float32; bfloat16 precision hint), each also on the packed export
 (`export_onnx(packed=True)`: packed blocks, as `SentenceEncoder.packed`). Every row has its STS-B test
 Spearman beside it. Each implementation lives in its own worker process (so torch's OpenMP
-spin-waiting and XLA's thread pool never compete). Each worker first times its first call from
+spin-waiting and XLA's thread pool never compete), which loads only its own libraries
+(benchmarks.torch_side holds the sentence-transformers side). Each worker first times its first call from
 cold (ours: compiles included) and ours then `warm_up()` (every bucket shape); then this script
 alternates the workers round by round - one runs at a time - and prints sentences/s of each
 (median over rounds). The first line names the CPU and its extensions (or the GPU), the second the
@@ -47,10 +48,7 @@ import sys
 import tempfile
 import time
 
-import torch
-import transformers
 from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA's backend has started
-from sentence_transformers import SentenceTransformer
 
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import (
@@ -149,25 +147,12 @@ def set_xla_flags(flags: str) -> None:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
 
 
-def apply_torch_fp32_matmul(settings: dict) -> None:
-    """In a torch worker, before its model is built: the float32 matmul mode of
-    machine.fp32_matmul_settings (cuBLAS: IEEE or TF32); on the CPU nothing changes."""
-    if not settings["torch_fp32_precision"]:
-        return
-    matmul = torch.backends.cuda.matmul
-    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9; mixing it with the legacy allow_tf32 is an error there
-        matmul.fp32_precision = settings["torch_fp32_precision"]
-    else:
-        matmul.allow_tf32 = settings["torch_fp32_precision"] == "tf32"
-
-
 def check_torch_finds(device: str, devices) -> None:
-    """A UsageError, before any model loads, where JAX finds the GPU but torch does not (a CPU build of
-    torch, a driver only JAX's CUDA libraries work with): sentence-transformers' rows need it."""
-    if device == "gpu" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
-        raise UsageError(f"--device gpu: JAX finds {device_description(devices)} but torch {torch.__version__} "
-                         f"({build}) finds no CUDA device, so sentence-transformers cannot run there")
+    """torch_side.check_torch_finds for a GPU run (torch must find the GPU too); on the CPU there is
+    nothing to check, and this process does not load torch."""
+    if device == "gpu":
+        from sentemb_jax.benchmarks import torch_side  # lazy: torch and sentence-transformers (6 s), for a GPU run only
+        torch_side.check_torch_finds(device, devices)
 
 
 def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str], batch_size: int, threads: int,
@@ -178,10 +163,8 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
     warm, extra, autocast = 0.0, {}, kind in AUTOCAST_KINDS
     bf16, packed = "bf16" in kind, "packed" in kind
     if kind.startswith("sentence_transformers"):
-        torch.set_num_threads(threads)
-        apply_torch_fp32_matmul(settings)
-        transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar, once per worker
-        model = SentenceTransformer(model_dir, device=settings["torch_device"])
+        from sentemb_jax.benchmarks import torch_side  # lazy: torch and sentence-transformers (6 s), in their worker only
+        model = torch_side.load_model(model_dir, settings, threads)
         if bf16 and not autocast:
             model = model.bfloat16()
     elif kind.startswith("sentemb_jax_onnx"):
@@ -197,7 +180,7 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         model.packed = packed
 
     def precision():  # the STS-B score too is the autocast model's
-        return torch.autocast(settings["torch_device"], dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        return torch_side.autocast(settings, True) if autocast else contextlib.nullcontext()
 
     def run():
         with precision():

@@ -62,7 +62,7 @@ def select_benchmark_device(name: str | None) -> tuple[str, list]:
     - keeps JAX off the GPU for --device cpu (and in the workers: JAX_PLATFORMS, read when they import jax);
     - turns the persistent compilation cache off, as keep_jax_on_cpu_and_compiling does.
     A GPU that JAX does not find is a UsageError naming what it found, before any model loads (torch's
-    side: encode_throughput.check_torch_finds; this module imports no torch, for step_time's sake)."""
+    side: torch_side.check_torch_finds; this module imports no torch, for step_time's sake)."""
     if name not in (None, *TORCH_DEVICES):
         raise UsageError(f"--device {name!r}: one of {', '.join(TORCH_DEVICES)}")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -92,7 +92,7 @@ def fp32_matmul_settings(device: str, mode: str | None = None) -> dict:
     and torch in IEEE float32, so an unset mode would compare different arithmetic: both are set
     explicitly. The CPU has no TF32: there both libraries keep their defaults (IEEE float32), as before
     this option. A pure function (tested without a GPU); apply_jax_fp32_matmul and
-    encode_throughput.apply_torch_fp32_matmul set it in a worker."""
+    torch_side.apply_torch_fp32_matmul set it in a worker."""
     mode = mode or "ieee"
     if mode not in FP32_MATMUL_MODES:
         raise UsageError(f"--fp32_matmul {mode!r}: one of {', '.join(FP32_MATMUL_MODES)}")

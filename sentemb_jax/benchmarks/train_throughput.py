@@ -20,18 +20,11 @@ parameters) against sentence-transformers under `torch.autocast(bfloat16)` (the 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
 
-import torch
-import transformers
-from sentence_transformers import SentenceTransformer
-from sentence_transformers.sentence_transformer import losses
-from sentence_transformers.util import batch_to_device
-
-from sentemb_jax.benchmarks.encode_throughput import apply_torch_fp32_matmul, check_torch_finds
+from sentemb_jax.benchmarks.encode_throughput import check_torch_finds
 from sentemb_jax.benchmarks.machine import (
     apply_jax_fp32_matmul,
     device_description,
@@ -65,30 +58,6 @@ def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
     spec = FileSpec(_pairs_path(data_dir), {"anchor": "sentence1", "positive": "sentence2"}, keep={"label": ("entailment",)})
     rows = read_examples(spec)[:n]
     return [(r["anchor"], r["positive"]) for r in rows]
-
-
-def _torch_run(model_dir: str, batches, settings: dict, bf16: bool):
-    """sentence-transformers' MNRL steps over `batches` on settings' device; bf16: under autocast."""
-    device = settings["torch_device"]
-    apply_torch_fp32_matmul(settings)
-    transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar
-    model = SentenceTransformer(model_dir, device=device)
-    model.max_seq_length = 64
-    loss_fn = losses.MultipleNegativesRankingLoss(model, scale=20.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
-    model.train()
-
-    def run():
-        for b in batches:
-            feats = [batch_to_device(model.preprocess([p[i] for p in b]), device) for i in (0, 1)]
-            # bf16: the forward (and the loss) in autocast, the backward and AdamW on the float32 weights
-            with torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
-                loss = loss_fn(feats, None)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return float(loss.detach())  # waits for the device
-    return run
 
 
 def _jax_run(model_dir: str, batches, settings: dict, pack: bool, bf16: bool, steps: int, batch_size: int):
@@ -127,8 +96,8 @@ def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threa
     """One row's process. settings: fp32_matmul_settings (the device and float32 matmul mode of both sides)."""
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
-        torch.set_num_threads(threads)
-        run = _torch_run(model_dir, batches, settings, bf16)
+        from sentemb_jax.benchmarks import torch_side  # lazy: torch and sentence-transformers (6 s), in their worker only
+        run = torch_side.mnrl_train_run(model_dir, batches, settings, threads, bf16)
     else:
         run = _jax_run(model_dir, batches, settings, pack, bf16, steps, batch_size)
     start = time.perf_counter()
