@@ -133,7 +133,8 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
     work = tempfile.mkdtemp(prefix=".report-kit-", dir=parent)
     try:
         pk.save_compact_model(compact, model_dir, os.path.join(work, "model"))
-        with tarfile.open(os.path.join(work, DATA_ARCHIVE), "w:xz") as tar:
+        # xz preset 3: the data's 15 MiB in 3.1 MiB in 3 s; the default preset 6 took 9 s for 2.0 MiB
+        with tarfile.open(os.path.join(work, DATA_ARCHIVE), "w:xz", preset=3) as tar:
             for path in data_paths:
                 tar.add(path, arcname=os.path.relpath(path, data_dir))
         for path, name in site:
