@@ -13,8 +13,15 @@ from sentemb_jax.hub import packaged_minilm_path
 
 
 def test_a_bundle_over_its_limit_is_refused_before_anything_is_written(tmp_path, data_dir):
-    with pytest.raises(ConfigError, match=r"over --limit_mib 8 \(nothing was written\)"):
+    """Refused before the model is read where the data and packages alone are over the limit, and
+    after compacting the model (before writing) where they fit but the whole bundle would not."""
+    with pytest.raises(ConfigError, match=r"at least .* MiB \(its data, packages and wheels\), over --limit_mib 8 "
+                                          r"\(nothing was written\)") as early:
         report_kit.pack(packaged_minilm_path(), data_dir, str(tmp_path / "kit"), [], limit_mib=8)
+    rest_mib = float(str(early.value).split("at least ")[1].split(" MiB")[0])
+    limit = round(rest_mib + 1, 1)  # the data and packages fit; with the model they do not
+    with pytest.raises(ConfigError, match=rf"would take up to .* MiB, over --limit_mib {limit:g} \(nothing was written\)"):
+        report_kit.pack(packaged_minilm_path(), data_dir, str(tmp_path / "kit"), [], limit_mib=limit)
     assert os.listdir(tmp_path) == []
 
 

@@ -117,14 +117,17 @@ def pack(model_dir: str, data_dir: str, out: str, wheels: list[str], limit_mib: 
         if not (os.path.isfile(w) and zipfile.is_zipfile(w)):
             raise ConfigError(f"--wheel {w}: not a wheel file (nothing was written)")
     data_paths = _data_paths(data_dir)
+    site = _site_sources()
+    rest = sum(map(os.path.getsize, data_paths)) + sum(_bytes(p) for p, _ in site) + sum(map(os.path.getsize, wheels))
+    if rest > limit_mib * 2**20:  # refused before the model is compacted (its texts' tokenisation: seconds)
+        raise ConfigError(f"the bundle would take at least {rest / 2**20:.1f} MiB (its data, packages and wheels), "
+                          f"over --limit_mib {limit_mib:g} (nothing was written)")
     encoder = SentenceEncoder.from_pretrained(model_dir)
     tensors, metadata = pk._read_weights(os.path.join(model_dir, pk.WEIGHTS))
     vocab_size = encoder.hf_config.get("vocab_size")
     names = pk._vocab_tensors(tensors, vocab_size)
     compact = pk.compact_model(encoder, tensors, metadata, names, _data_texts(data_dir), 1000, store_bfloat16=True)
-    site = _site_sources()
-    bound = (sum(v.nbytes for v in compact["tensors"].values()) + sum(map(os.path.getsize, data_paths))
-             + sum(_bytes(p) for p, _ in site) + sum(map(os.path.getsize, wheels)) + 2 * 2**20)  # + configs, tokenizer
+    bound = sum(v.nbytes for v in compact["tensors"].values()) + rest + 2 * 2**20  # + configs, tokenizer
     if bound > limit_mib * 2**20:
         raise ConfigError(f"the bundle would take up to {bound / 2**20:.1f} MiB, over --limit_mib {limit_mib:g} "
                           "(nothing was written)")
