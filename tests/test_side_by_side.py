@@ -1,8 +1,8 @@
 """The benchmarks' side-by-side protocol (sentemb_jax.benchmarks.side_by_side): workers in another
 Python and spawned worker processes alternate round by round, start together when asked, and one that
 dies is named with how it ended instead of waited for. Its own file, importing no model library: a
-spawned worker imports this module, and the benchmark modules would cost it torch,
-sentence-transformers and JAX (about 10 s a worker on 2 cores)."""
+spawned worker imports this module, and the benchmark modules would cost it JAX and our encoder
+(about 2 s a worker on 2 cores)."""
 from __future__ import annotations
 
 import os

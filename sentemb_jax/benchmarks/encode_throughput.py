@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -162,11 +163,13 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         set_xla_flags(xla_flags)
     warm, extra, autocast = 0.0, {}, kind in AUTOCAST_KINDS
     bf16, packed = "bf16" in kind, "packed" in kind
+    precision = contextlib.nullcontext  # the STS-B score too is computed under it
     if kind.startswith("sentence_transformers"):
         from sentemb_jax.benchmarks import torch_side  # lazy: torch and sentence-transformers (6 s), in their worker only
         model = torch_side.load_model(model_dir, settings, threads)
         if bf16 and not autocast:
             model = model.bfloat16()
+        precision = functools.partial(torch_side.autocast, settings, autocast)
     elif kind.startswith("sentemb_jax_onnx"):
         path = onnx_paths[("packed_" if packed else "") + ("int8" if "int8" in kind else "f32")]
         model = _onnx_export().onnx_encoder(SentenceEncoder.from_pretrained(model_dir), path, threads)
@@ -178,9 +181,6 @@ def _worker(kind: str, model_dir: str, data_dir: str | None, sentences: list[str
         apply_jax_fp32_matmul(settings)
         model = SentenceEncoder.from_pretrained(model_dir, dtype="bfloat16" if bf16 else None)
         model.packed = packed
-
-    def precision():  # the STS-B score too is the autocast model's
-        return torch_side.autocast(settings, True) if autocast else contextlib.nullcontext()
 
     def run():
         with precision():
