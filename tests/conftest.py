@@ -1,7 +1,9 @@
 import atexit
+import importlib.util
 import itertools
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -30,6 +32,22 @@ if os.environ[TEST_XLA_CACHE] == "off":
 else:
     os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[TEST_XLA_CACHE], JAX_ENABLE_COMPILATION_CACHE="true",
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+# SENTEMB_TEST_COMPILE_LOG=FOLDER: every process of the run logs its JAX compile phases there, per
+# test (tests/compile_log: its folder goes first on PYTHONPATH, so the processes tests start load it
+# too); `python tests/compile_log/summary.py FOLDER .pytest-times.xml` sums them per file.
+COMPILE_LOG = "SENTEMB_TEST_COMPILE_LOG"
+if os.environ.get(COMPILE_LOG):
+    _log_hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_log")
+    os.environ[COMPILE_LOG] = os.path.abspath(os.environ[COMPILE_LOG])
+    os.makedirs(os.environ[COMPILE_LOG], exist_ok=True)
+    if _log_hook not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_log_hook, os.environ.get("PYTHONPATH")]))
+    if "sentemb_test_compile_log" not in sys.modules:  # this process too (started before PYTHONPATH had it)
+        _spec = importlib.util.spec_from_file_location("sentemb_test_compile_log",
+                                                       os.path.join(_log_hook, "sentemb_test_compile_log.py"))
+        sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_spec.name])
 
 # XLA's CPU optimisation (LLVM's passes, backend level 2) per test file or test. A file marked
 # `pytestmark = pytest.mark.fast_compile` compiles without it (jax_disable_most_optimizations, in its

@@ -10,3 +10,6 @@ import sys
 for _name in ("tensorflow", "tensorflow_text", "seqio", "tensorflow_datasets",
               *filter(None, os.environ.get("SENTEMB_TEST_ALSO_UNIMPORTABLE", "").split(","))):
     sys.modules[_name] = None
+
+if os.environ.get("SENTEMB_TEST_COMPILE_LOG"):  # this module shadows tests/compile_log/sitecustomize.py
+    import sentemb_test_compile_log  # noqa: F401
