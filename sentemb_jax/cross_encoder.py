@@ -49,6 +49,7 @@ from sentemb_jax.inference import (
     params_for_compute,
     run_length_sorted,
     run_packed,
+    shared_programs,
     warm_up_lengths,
 )
 from sentemb_jax.models import ModelConfig, T5Config
@@ -78,6 +79,12 @@ _OUR_LAYOUT_NOTE = ("sentemb_jax cross-encoder layout (T5: the pair is one text,
                     "would put a new, random head on this backbone: load it with sentemb_jax.CrossEncoder.from_pretrained.")
 
 
+def _predict_programs(module: CrossEncoderModule) -> tuple:
+    """predict's jitted programs: padded batches, packed rows."""
+    return (jax.jit(lambda p, f: module.apply({"params": p}, **f)),
+            jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, a.get("token_type_ids"), packing=a["packing"])))
+
+
 class CrossEncoder:
     """Tokenizer + Flax CrossEncoderModule + params {"backbone": ..., "head": ...}."""
 
@@ -85,9 +92,7 @@ class CrossEncoder:
 
     def __init__(self, module: CrossEncoderModule, params: dict, tokenizer: Tokenizer, hf_config: dict | None = None):
         self.module, self.params, self.tokenizer, self.hf_config = module, params, tokenizer, hf_config or {}
-        self._logits = jax.jit(lambda p, f: module.apply({"params": p}, **f))
-        self._logits_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, a.get("token_type_ids"),
-                                                                packing=a["packing"]))
+        self._logits, self._logits_packed = shared_programs(_predict_programs, module)
         # predict's batching: True (default), whole pairs packed end to end in rows
         # (sentemb_jax.inference): the padded path's scores within 1e-5, fewer token slots; False,
         # length-sorted padded batches.

@@ -33,6 +33,7 @@ from sentemb_jax.inference import (
     params_for_compute,
     run_length_sorted,
     run_packed,
+    shared_programs,
     warm_up_lengths,
 )
 from sentemb_jax.locking import DirectoryLock
@@ -87,6 +88,13 @@ def _last_hidden(module: SentenceEmbedder, input_ids, attention_mask):
     return module.backbone.encode(input_ids, attention_mask, True, False)[0].astype(jnp.float32)
 
 
+def _encode_programs(module: SentenceEmbedder) -> tuple:
+    """encode's jitted programs: padded batches, packed rows, token embeddings."""
+    return (jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask)),
+            jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, packing=a["packing"])),
+            jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden)))
+
+
 class SentenceEncoder(contract.ModelSettings):
     """A sentence embedding model: tokenizer + Flax SentenceEmbedder + params, with
     sentence-transformers' model-level settings (prompts, default_prompt_name, similarity_fn_name,
@@ -101,13 +109,11 @@ class SentenceEncoder(contract.ModelSettings):
         self.tokenizer = tokenizer
         self.hf_config = hf_config or {}
         self._init_settings(**settings)
-        self._embed = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask))
-        self._embed_packed = jax.jit(lambda p, a: module.apply({"params": p}, a["input_ids"], None, packing=a["packing"]))
+        self._embed, self._embed_packed, self._tokens = shared_programs(_encode_programs, module)
         # encode's batching: True (default), texts packed end to end in rows (sentemb_jax.inference):
         # the padded path's embeddings within 1e-5, fewer token slots, faster on every CPU measured
         # (docs/RESULTS.md); False, length-sorted batches padded to a bucket.
         self.packed = True
-        self._tokens = jax.jit(lambda p, ids, mask: module.apply({"params": p}, ids, mask, method=_last_hidden))
 
     # ------------------------------------------------------------------ loading
 

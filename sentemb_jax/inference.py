@@ -12,6 +12,7 @@ results equal the padded path's (tests/test_inference_packing.py). Every block h
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import jax
@@ -72,6 +73,24 @@ def params_for_compute(obj):
         compute = {**params, "backbone": jax.tree_util.tree_map_with_path(narrow, params["backbone"])}
         obj.__dict__["_params_for_compute"] = (params, compute)
     return compute
+
+
+def shared_programs(build: Callable, module) -> tuple:
+    """build(module): jitted programs whose only closure is the Flax `module`, shared by every
+    caller with an equal module (the same config, pooling and head; params are the programs'
+    arguments). A model loaded again, a checkpoint of it or a second submodel of one architecture
+    then reuses the shapes the first traced and compiled instead of tracing each again. A module
+    that cannot be hashed (a config holding a list or dict) gets programs of its own."""
+    try:
+        hash(module)
+    except TypeError:
+        return build(module)
+    return _programs_by_module(build, module)
+
+
+@functools.lru_cache(maxsize=32)
+def _programs_by_module(build: Callable, module) -> tuple:
+    return build(module)
 
 
 def compile_instead_of_run(jitted) -> Callable:

@@ -2,6 +2,7 @@
 import json
 import os
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -55,6 +56,39 @@ def test_t5_encoder_mean_and_encdec_first(version, tmp_path):
     assert np.abs(encdec.encode(SENTENCES, normalize_embeddings=True) - want_dec).max() <= 1e-4
     first = SentenceEncoder.from_pretrained(str(tmp_path), pooling="first", normalize=False)
     assert np.abs(first.encode(SENTENCES, normalize=False) - last[:, 0].numpy()).max() <= 1e-4
+
+
+def test_encoders_of_one_architecture_share_programs_and_embed_with_their_own_params(tmp_path):
+    """Two loads of one tiny T5 share encode's jitted programs (the second adds no executable for a
+    shape the first ran), each embeds with its own params (the second's, changed, give its own
+    output, equal to its module's plain apply), and another architecture (its first layer only) or
+    another pooling has programs of its own."""
+    make_t5(str(tmp_path), "1.1")
+    a = SentenceEncoder.from_pretrained(str(tmp_path), pooling="mean")
+    b = SentenceEncoder.from_pretrained(str(tmp_path), pooling="mean")
+    assert (b._embed, b._embed_packed, b._tokens) == (a._embed, a._embed_packed, a._tokens)
+    want_a = a.encode(SENTENCES)
+    executables = a._embed_packed._cache_size()
+    assert np.array_equal(b.encode(SENTENCES), want_a) and a._embed_packed._cache_size() == executables
+    b.params = jax.tree_util.tree_map(lambda x: np.asarray(x) * 1.5, b.params)
+    got_b = b.encode(SENTENCES)
+    assert a._embed_packed._cache_size() == executables and np.abs(got_b - want_a).max() > 1e-2
+    padded = b.tokenizer(SENTENCES)
+    plain = np.asarray(b.module.apply({"params": b.params}, padded["input_ids"], padded["attention_mask"]))
+    assert np.abs(got_b - plain).max() <= 1e-5
+    assert a.first_layers(1)._embed is not a._embed
+    assert SentenceEncoder.from_pretrained(str(tmp_path), pooling="first")._embed is not a._embed
+
+
+def test_shared_programs_are_built_once_per_equal_module_and_per_call_when_unhashable():
+    from sentemb_jax.inference import shared_programs
+
+    def build(module):
+        return (object(),)
+
+    assert shared_programs(build, ("config", 1)) is shared_programs(build, ("config", 1))
+    assert shared_programs(build, ("config", 1)) is not shared_programs(build, ("config", 2))
+    assert shared_programs(build, ["config", 1]) is not shared_programs(build, ["config", 1])  # a list: no hash
 
 
 def test_encdec_needs_decoder(tmp_path):
