@@ -103,8 +103,10 @@ def test_the_cold_start_benchmark_alternates_and_reports_the_ratios(monkeypatch,
         started.append("cache" if cache else "none")
         n = len(started)
         if cache:
-            return {"load_s": 1.0, "first_encode_s": 6.0, "warm_up_s": 2.0, "steady_encode_s": 5.0, "cache_hits": 30 + n}
-        return {"load_s": 1.5, "first_encode_s": 9.0, "warm_up_s": 5.0, "steady_encode_s": 5.0, "cache_hits": 0}
+            return {"load_s": 1.0, "first_encode_s": 6.0, "warm_up_s": 2.0, "steady_encode_s": 5.0, "reload_first_encode_s": 5.0,
+                    "cache_hits": 30 + n}
+        return {"load_s": 1.5, "first_encode_s": 9.0, "warm_up_s": 5.0, "steady_encode_s": 5.0, "reload_first_encode_s": 5.5,
+                "cache_hits": 0}
 
     monkeypatch.setattr(cold_start, "_start", fake_start)
     monkeypatch.setattr(cold_start, "keep_jax_on_cpu_and_compiling", lambda: None)  # process-wide: not in a test
@@ -114,6 +116,8 @@ def test_the_cold_start_benchmark_alternates_and_reports_the_ratios(monkeypatch,
     assert "warm_up_s: without / with the cache = 2.50" in out
     assert "first_encode_s: without / with the cache = 1.50" in out
     assert "first encode + warm_up: 14.00 s -> 8.00 s (1.75x)" in out
+    assert "without cache: from_pretrained 1.50 s, first encode 9.00 s, warm_up() 5.00 s (steady encode 5.00 s; " \
+           "a second load's first encode 5.50 s; 0 cache hits)" in out
 
 
 def test_a_relative_or_pathlike_directory_is_made_absolute(tmp_path, monkeypatch, restore_jax_cache):
