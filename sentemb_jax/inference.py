@@ -93,6 +93,13 @@ def _programs_by_module(build: Callable, module) -> tuple:
     return build(module)
 
 
+def clear_shared_programs() -> None:
+    """Drops every shared program set (the next encoder builds and compiles anew): after changing
+    a JAX setting that jit's cache does not key on, such as jax_disable_most_optimizations, or to
+    free the compiled programs of models no longer used (up to 32 module configurations are kept)."""
+    _programs_by_module.cache_clear()
+
+
 def compile_instead_of_run(jitted) -> Callable:
     """A stand-in for the jitted function `jitted` when warming up: it compiles for its arguments'
     shapes and returns zeros of the output's shape instead of running. jit's caches then hold the

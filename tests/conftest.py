@@ -41,6 +41,12 @@ if os.environ.get(COMPILE_LOG):
     _log_hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_log")
     os.environ[COMPILE_LOG] = os.path.abspath(os.environ[COMPILE_LOG])
     os.makedirs(os.environ[COMPILE_LOG], exist_ok=True)
+    # The log appends: an earlier run's lines would be summed with this run's. Checked by the run's
+    # first pytest process only: its workers and the pytest processes its tests start add to it.
+    if not os.environ.get(COMPILE_LOG + "_OF_THIS_RUN") and any(n.endswith(".tsv") for n in os.listdir(os.environ[COMPILE_LOG])):
+        raise pytest.UsageError(f"{COMPILE_LOG}={os.environ[COMPILE_LOG]} holds an earlier run's log (*.tsv): "
+                                "give a new or empty folder")
+    os.environ[COMPILE_LOG + "_OF_THIS_RUN"] = "1"
     if _log_hook not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_log_hook, os.environ.get("PYTHONPATH")]))
     if "sentemb_test_compile_log" not in sys.modules:  # this process too (started before PYTHONPATH had it)
@@ -71,12 +77,20 @@ def _unoptimised_xla_where_marked(request):
         return
     import jax
 
+    from sentemb_jax.inference import clear_shared_programs
+
     before = jax.config.values["jax_disable_most_optimizations"]
+    # Encoders share their programs process-wide, and jit's cache does not key on this setting:
+    # programs built on one side of the switch are dropped, so neither side runs the other's code.
+    if not before:
+        clear_shared_programs()
     jax.config.update("jax_disable_most_optimizations", True)
     with pytest.MonkeyPatch.context() as env:  # the processes a test starts read the variable
         env.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
         yield
     jax.config.update("jax_disable_most_optimizations", before)
+    if not before:
+        clear_shared_programs()
 
 
 # A marked module: before its module fixtures compile. A marked test: around that test alone.

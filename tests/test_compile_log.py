@@ -54,7 +54,19 @@ def test_each_process_logs_its_compile_phases_under_the_running_test_and_the_sum
     assert rows["test_a.py"][4] == rows["test_b.py"][4] == "1"  # one process each
 
     with open(files[1], "a") as f:  # a damaged line that is not the last one: refused, naming the place
-        f.write("not a log line\n\n")
+        f.write("tests/test_b.py::test_two\tcompile\tsoon\nnot a log line\n")
     bad = subprocess.run([sys.executable, SUMMARY, str(log), str(junit)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
-    assert bad.stderr.splitlines()[-1].startswith(f"{files[1]}:") and bad.stderr.endswith("SECONDS: 'not a log line'\n")
+    assert bad.stderr.splitlines()[-1].startswith(f"{files[1]}:") and bad.stderr.endswith("SECONDS: 'tests/test_b.py::test_two\\tcompile\\tsoon'\n")
+
+
+def test_a_folder_holding_an_earlier_runs_log_is_refused_before_any_test(tmp_path):
+    """The log appends: a run given a folder with an earlier run's *.tsv stops at start-up with a
+    usage error naming the folder, instead of summing both runs."""
+    (tmp_path / "123.tsv").write_text("tests/test_a.py::test_one\tcompile\t1.0\n")
+    env = {**os.environ, "SENTEMB_TEST_COMPILE_LOG": str(tmp_path)}
+    env.pop("SENTEMB_TEST_COMPILE_LOG_OF_THIS_RUN", None)  # set when this run itself logs
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co", "tests/test_compile_log.py"],
+                          cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"SENTEMB_TEST_COMPILE_LOG={tmp_path} holds an earlier run's log (*.tsv): give a new or empty folder" in proc.stderr

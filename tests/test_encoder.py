@@ -73,6 +73,7 @@ def test_encoders_of_one_architecture_share_programs_and_embed_with_their_own_pa
     b.params = jax.tree_util.tree_map(lambda x: np.asarray(x) * 1.5, b.params)
     got_b = b.encode(SENTENCES)
     assert a._embed_packed._cache_size() == executables and np.abs(got_b - want_a).max() > 1e-2
+    assert np.array_equal(a.encode(SENTENCES), want_a)  # a's own params still: nothing of b's leaks in
     padded = b.tokenizer(SENTENCES)
     plain = np.asarray(b.module.apply({"params": b.params}, padded["input_ids"], padded["attention_mask"]))
     assert np.abs(got_b - plain).max() <= 1e-5

@@ -17,7 +17,7 @@ from sentemb_jax import cross_encoder as cross_module
 from sentemb_jax import encoder as encoder_module
 from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.data.packing import fill_rows
-from sentemb_jax.inference import pack_blocks, params_for_compute
+from sentemb_jax.inference import clear_shared_programs, pack_blocks, params_for_compute
 
 pytestmark = pytest.mark.fast_compile  # compile-bound (tests/conftest.py)
 
@@ -123,9 +123,9 @@ def backend_compiles():
 def test_warm_up_compiles_the_shapes_encode_then_uses_without_running_them(minilm_dir, stsb_test, packed, monkeypatch):
     """After warm_up(batch_size) an encode / predict call of that batch size compiles nothing new;
     warm_up compiles one executable per length and runs none (run=True: runs each once)."""
-    # Encoders of one architecture share their programs: start as a process that has compiled
-    # none of MiniLM's shapes yet (the tests before this one in the file have).
-    jax.clear_caches()
+    # Encoders of one architecture share their programs: new ones, as in a process that has
+    # compiled none of MiniLM's shapes yet (the tests before this one in the file have).
+    clear_shared_programs()
     s1, s2, _ = stsb_test
     encoder = SentenceEncoder.from_pretrained(minilm_dir, max_seq_length=40)
     cross = CrossEncoder.from_pretrained(minilm_dir, seed=1)

@@ -35,11 +35,15 @@ def read_log(folder: str) -> tuple[dict, dict]:
             lines = f.read().split("\n")
         for n, line in enumerate(lines, 1):
             parts = line.split("\t")
-            if len(parts) != 3 or parts[1] not in PHASES:
+            try:
+                spent = float(parts[2]) if len(parts) == 3 and parts[1] in PHASES else None
+            except ValueError:
+                spent = None
+            if spent is None:
                 if n == len(lines):
                     continue  # "" after the last newline, or the line of a process killed while writing it
                 raise SystemExit(f"{path}:{n}: not TEST<tab>PHASE<tab>SECONDS: {line!r}")
-            seconds[file_of(parts[0])][parts[1]] += float(parts[2])
+            seconds[file_of(parts[0])][parts[1]] += spent
             pids[file_of(parts[0])].add(pid)
     return seconds, pids
 
