@@ -85,18 +85,19 @@ def shared_programs(build: Callable, module) -> tuple:
         hash(module)
     except TypeError:
         return build(module)
-    return _programs_by_module(build, module)
+    # jit's own cache does not key on jax_disable_most_optimizations: this one does, so programs
+    # compiled with XLA's optimisations off are never run where they are on, nor the reverse.
+    return _programs_by_module(build, module, jax.config.values["jax_disable_most_optimizations"])
 
 
 @functools.lru_cache(maxsize=32)
-def _programs_by_module(build: Callable, module) -> tuple:
+def _programs_by_module(build: Callable, module, unoptimised: bool) -> tuple:
     return build(module)
 
 
 def clear_shared_programs() -> None:
-    """Drops every shared program set (the next encoder builds and compiles anew): after changing
-    a JAX setting that jit's cache does not key on, such as jax_disable_most_optimizations, or to
-    free the compiled programs of models no longer used (up to 32 module configurations are kept)."""
+    """Drops every shared program set (the next encoder builds and compiles anew), freeing the
+    compiled programs of models no longer used (up to 32 module configurations are kept)."""
     _programs_by_module.cache_clear()
 
 

@@ -77,20 +77,12 @@ def _unoptimised_xla_where_marked(request):
         return
     import jax
 
-    from sentemb_jax.inference import clear_shared_programs
-
     before = jax.config.values["jax_disable_most_optimizations"]
-    # Encoders share their programs process-wide, and jit's cache does not key on this setting:
-    # programs built on one side of the switch are dropped, so neither side runs the other's code.
-    if not before:
-        clear_shared_programs()
     jax.config.update("jax_disable_most_optimizations", True)
     with pytest.MonkeyPatch.context() as env:  # the processes a test starts read the variable
         env.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
         yield
     jax.config.update("jax_disable_most_optimizations", before)
-    if not before:
-        clear_shared_programs()
 
 
 # A marked module: before its module fixtures compile. A marked test: around that test alone.

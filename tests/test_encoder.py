@@ -90,6 +90,14 @@ def test_shared_programs_are_built_once_per_equal_module_and_per_call_when_unhas
     assert shared_programs(build, ("config", 1)) is shared_programs(build, ("config", 1))
     assert shared_programs(build, ("config", 1)) is not shared_programs(build, ("config", 2))
     assert shared_programs(build, ["config", 1]) is not shared_programs(build, ["config", 1])  # a list: no hash
+    optimised = shared_programs(build, ("config", 1))
+    before = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", not before)  # jit's cache does not key on it
+    try:
+        assert shared_programs(build, ("config", 1)) is not optimised
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+    assert shared_programs(build, ("config", 1)) is optimised
 
 
 def test_encdec_needs_decoder(tmp_path):
