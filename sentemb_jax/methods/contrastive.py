@@ -4,8 +4,8 @@ smallest method, and the one a loss-only method extends (methods/triplet.py).
     python -m sentemb_jax.main --gin_file=gin/models/minilm_l6.gin --gin_file=gin/runs/minilm_nli.gin \
         --gin.MODEL_DIR="'/tmp/minilm_nli'"
 
-Each side (anchor / positive / hard negative) is embedded with its own dropout rng, in chunks of
-`chunk_size` rows. With `gradcache=True` the step runs GradCache (Gao et al. 2021): embeddings of
+Every side (anchor / positive / hard negative) runs in one encoder call, in chunks of `chunk_size`
+rows (training.step). With `gradcache=True` the step runs GradCache (Gao et al. 2021): embeddings of
 every chunk without gradients, the loss gradient w.r.t. the embeddings, then each chunk re-encoded
 with the same rng and back-propagated with its slice of that gradient - the loss still sees the
 whole (global) batch, while activation memory is bounded by one chunk. Both paths give the same
@@ -21,7 +21,15 @@ import jax.numpy as jnp
 from sentemb_jax import validation as v
 from sentemb_jax.losses import in_batch_softmax_loss
 from sentemb_jax.training.method import Method, TrainState
-from sentemb_jax.training.step import apply_gradients, chunked, embed_packed, embed_side
+from sentemb_jax.training.step import (
+    apply_gradients,
+    chunked,
+    embed_packed,
+    embed_side,
+    interleave_rows,
+    interleave_sides,
+    split_sides,
+)
 
 Array = jax.Array
 API = "sentemb_jax.Contrastive"
@@ -41,6 +49,9 @@ class Contrastive(Method):
     same text under two dropout masks). temperature: the softmax's (learnable_temperature: trained,
     from this value). bidirectional: also positives -> anchors. mask_duplicates: a positive that
     repeats another row's text is not its negative. chunk_size / gradcache: see the module docstring.
+    single_call: a padded batch's sides run as one encoder call (rows interleaved text by text, each
+    row its own dropout mask; training.step); False: one call per side, each side its own rng - the
+    same loss and gradients without dropout, two or three smaller programs.
     """
 
     anchor: str = "anchor"
@@ -53,13 +64,14 @@ class Contrastive(Method):
     mask_duplicates: bool = True
     chunk_size: int | None = None
     gradcache: bool = False
+    single_call: bool = True
 
     def __post_init__(self):
         api = f"sentemb_jax.{type(self).__name__}"
         v.require_number(self.temperature, api, "temperature", 0, low_open=True)
         v.require_number(self.label_smoothing, api, "label_smoothing", 0, 1, high_open=True)
         v.require_int(self.chunk_size, api, "chunk_size", 1, allow_none=True, none_means=" (whole batch)")
-        for name in ("learnable_temperature", "bidirectional", "mask_duplicates", "gradcache"):
+        for name in ("learnable_temperature", "bidirectional", "mask_duplicates", "gradcache", "single_call"):
             v.require_bool(getattr(self, name), api, name)
         for name in ("anchor", "positive"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
@@ -87,42 +99,50 @@ class Contrastive(Method):
             label_smoothing=self.label_smoothing, duplicates=duplicates,
         )
 
+    def encoder_calls(self, batch: dict, rng: Array) -> list[tuple[list[str], Array, Array, Array]]:
+        """(sides, ids, mask, dropout rng) of each encoder call of a padded batch: every side in one
+        call, rows interleaved text by text (single_call); else one call per side, side i drawing
+        dropout from fold_in(rng, i)."""
+        sides = list(self.sides)
+        if self.single_call:
+            return [(sides, *interleave_sides(batch, sides), rng)]
+        return [([s], batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], jax.random.fold_in(rng, i))
+                for i, s in enumerate(sides)]
+
     def loss_and_grads(self, module, params, batch: dict, rng: Array):
         """(loss, gradient) of `params` ({"tower": ..., ["log_temperature"]}) on `batch`."""
-        sides = list(self.sides)
-        side_rngs = {side: jax.random.fold_in(rng, i) for i, side in enumerate(sides)}
         if "packed_input_ids" in batch:
             if self.gradcache or self.chunk_size:
                 raise ValueError("packed batches run the whole batch in one call: unset chunk_size / gradcache, or packing")
-            return jax.value_and_grad(lambda p: self.loss(embed_packed(module, p["tower"], batch, rng, sides), batch, p))(params)
+            return jax.value_and_grad(lambda p: self.loss(embed_packed(module, p["tower"], batch, rng, list(self.sides)),
+                                                          batch, p))(params)
+        calls = self.encoder_calls(batch, rng)
 
         def embed_all(tower_params):
-            return {s: embed_side(module, tower_params, batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], side_rngs[s],
-                                  self.chunk_size) for s in sides}
+            out = {}
+            for sides, ids, mask, call_rng in calls:
+                out.update(split_sides(embed_side(module, tower_params, ids, mask, call_rng, self.chunk_size), sides))
+            return out
 
         if not self.gradcache:
             return jax.value_and_grad(lambda p: self.loss(embed_all(p["tower"]), batch, p))(params)
 
         # GradCache pass 1: every chunk's embeddings, no graph kept (lax.map: one chunk live at a time).
         embeddings = jax.lax.stop_gradient(embed_all(params["tower"]))
-
-        def encode_chunk(tower_params, side, ids, mask, i):
-            rngs = {"dropout": jax.random.fold_in(side_rngs[side], i)}
-            return module.apply({"params": tower_params}, ids, mask, False, rngs=rngs)
-
         other = {k: x for k, x in params.items() if k != "tower"}
         # Pass 2: gradient of the loss w.r.t. the embeddings (and the temperature).
         loss, (emb_grads, other_grads) = jax.value_and_grad(
             lambda e, o: self.loss(e, batch, {**o, "tower": None}), argnums=(0, 1))(embeddings, other)
         # Pass 3: re-encode each chunk with the same rng and accumulate its vector-Jacobian product.
         tower_grads = jax.tree_util.tree_map(jnp.zeros_like, params["tower"])
-        for side in sides:
-            ids, mask, index = chunked(batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], self.chunk_size)
-            cotangent = emb_grads[side].reshape(ids.shape[0], ids.shape[1], -1)
+        for sides, ids, mask, call_rng in calls:
+            ids, mask, index = chunked(ids, mask, self.chunk_size)
+            cotangent = interleave_rows(emb_grads, sides).reshape(ids.shape[0], ids.shape[1], -1)
 
-            def accumulate(acc, x, side=side):
+            def accumulate(acc, x, call_rng=call_rng):
                 ids_i, mask_i, i, cot_i = x
-                _, vjp = jax.vjp(lambda p: encode_chunk(p, side, ids_i, mask_i, i), params["tower"])
+                rngs = {"dropout": jax.random.fold_in(call_rng, i)}
+                _, vjp = jax.vjp(lambda p: module.apply({"params": p}, ids_i, mask_i, False, rngs=rngs), params["tower"])
                 return jax.tree_util.tree_map(jnp.add, acc, vjp(cot_i)[0]), None
 
             tower_grads, _ = jax.lax.scan(accumulate, tower_grads, (ids, mask, index, cotangent))

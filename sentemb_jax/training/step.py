@@ -1,10 +1,14 @@
-"""What every method's step shares: embedding a side (with dropout, in chunks), every side of a
-packed batch in one call, and the one optimizer update.
+"""What every method's step shares: embedding texts (with dropout, in chunks), every side of a
+batch in one encoder call (padded or packed), and the one optimizer update.
 
-Each side (anchor / positive / hard negative, or a view) is embedded with its own dropout rng, in
-chunks of `chunk_size` rows (chunk i of a side uses fold_in(side_rng, i)). A packed batch
-(`packed_*` features from sentemb_jax.data.packing) runs every side in one encoder call over rows
-of real tokens - the same embeddings (eval mode), 2-3x fewer tokens.
+A padded batch's sides (anchor / positive / hard negative, or two views) run as one encoder call
+over their rows interleaved text by text (`interleave_sides`): one large program instead of one
+per side, and on a mesh each device keeps its own rows (the batch axis is sharded; a concatenation
+side after side would move rows between devices). The call runs in chunks of `chunk_size` rows
+(chunk i draws dropout from fold_in(rng, i)); every row has its own dropout mask, so the two views
+of one text still differ. A packed batch (`packed_*` features from sentemb_jax.data.packing) runs
+every side in one encoder call over rows of real tokens - the same embeddings (eval mode), 2-3x
+fewer tokens.
 """
 from __future__ import annotations
 
@@ -42,6 +46,34 @@ def embed_side(module: nn.Module, tower_params, ids: Array, mask: Array, rng: Ar
                                              rngs={"dropout": jax.random.fold_in(rng, x[2])}),
                       chunked(ids, mask, chunk_size))
     return out.reshape(-1, out.shape[-1])
+
+
+def interleave_sides(batch: dict, sides: list[str]) -> tuple[Array, Array]:
+    """The sides' [B, L_side] ids and masks as [B x sides, L] rows, text by text (row b x S + s is
+    side s of text b), each padded to the longest side's length."""
+    length = max(batch[f"{s}_input_ids"].shape[1] for s in sides)
+    sizes = {batch[f"{s}_input_ids"].shape[0] for s in sides}
+    if len(sizes) != 1:
+        raise ValueError(f"sides {sides} have {sorted(sizes)} rows: one encoder call needs the same number per side")
+
+    def stack(key):
+        rows = [jnp.pad(batch[f"{s}_{key}"], ((0, 0), (0, length - batch[f"{s}_{key}"].shape[1]))) for s in sides]
+        x = jnp.stack(rows, axis=1)
+        return x.reshape(-1, length)
+
+    return stack("input_ids"), stack("attention_mask")
+
+
+def split_sides(rows: Array, sides: list[str]) -> dict[str, Array]:
+    """The inverse of interleave_sides on [B x sides, ...] outputs: a dict of [B, ...] by side."""
+    rows = rows.reshape((-1, len(sides)) + rows.shape[1:])
+    return {s: rows[:, i] for i, s in enumerate(sides)}
+
+
+def interleave_rows(by_side: dict[str, Array], sides: list[str]) -> Array:
+    """A dict of [B, ...] by side -> [B x sides, ...] in interleave_sides' row order."""
+    x = jnp.stack([by_side[s] for s in sides], axis=1)
+    return x.reshape((-1,) + x.shape[2:])
 
 
 def embed_packed(module: nn.Module, tower_params, batch: dict, rng: Array, sides: list[str],
