@@ -28,17 +28,20 @@ def batch(i):
     return out
 
 
-def run(mesh_shape, pooling, dropout, steps=3):
+def run(mesh_shape, pooling, dropout, steps=3, prng_impl=None):
     cfg = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
                    relative_attention_num_buckets=8, dropout_rate=dropout, dense_act_fn="gelu_new", is_gated_act=True,
                    tie_word_embeddings=False)
     module = SentenceEmbedder(cfg, pooling=(pooling,), projection_dim=16)
     b0 = batch(0)
-    tower = nn.meta.unbox(module.init(jax.random.PRNGKey(0), b0["anchor_input_ids"][:2], b0["anchor_attention_mask"][:2])["params"])
+    # The init key names its generator: the process default is whatever the previous run set.
+    init_key = jax.random.key(0, impl="threefry2x32")
+    tower = nn.meta.unbox(module.init(init_key, b0["anchor_input_ids"][:2], b0["anchor_attention_mask"][:2])["params"])
     # The run setup builds the program, as the trainer does: mesh, optimizer, shardings, the jitted step.
     config = RunConfig(model_dir="/unused", num_steps=steps, mesh=MeshConfig(*mesh_shape),
                        optimizer=OptimizerConfig(name="adafactor", min_dim_size_to_factor=8),
-                       schedule=ScheduleConfig(peak=1e-2, decay="constant"), evaluation=EvalConfig(every=None))
+                       schedule=ScheduleConfig(peak=1e-2, decay="constant"), evaluation=EvalConfig(every=None),
+                       prng_impl=prng_impl)
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     run = setup_run(config, Contrastive(negative="negative", temperature=0.05, bidirectional=True),
                     model=SentenceEncoder(module, tower, None), devices=devices, abstract=True)
@@ -63,6 +66,13 @@ for pooling in ("mean", "encdec_first"):
         out[f"{pooling}/{name}"] = {"max_param_diff": diff, "losses": losses, "ref_losses": ref_losses,
                                     "sample_specs": {k: v for k, v in specs.items() if k.endswith(("wi_0/kernel", "shared/embedding"))},
                                     "opt_specs": opt_specs}
+
+# The GPUs' generator ('rbg', training.setup.PLATFORM_PRNG_IMPLS): sharded = one device as well.
+ref, ref_losses, _, _, _, _ = run((1, 1, 1), "mean", 0.1, prng_impl="rbg")
+params, losses, _, _, _, _ = run((4, 1, 2), "mean", 0.1, prng_impl="rbg")
+out["mean/data4_model2/rbg"] = {
+    "max_param_diff": max(float(np.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(params))),
+    "losses": losses, "ref_losses": ref_losses, "threefry_losses": out["mean/data4_model2"]["ref_losses"]}
 
 # Negatives: with dropout off, the sharded step's loss equals the global-batch loss over all 32
 # candidates (plus 32 hard negatives), not the mean of 4 per-shard losses over 8.

@@ -28,6 +28,15 @@ def test_three_adafactor_steps_equal_single_device(result, run):
     assert r["losses"][2] < r["losses"][0]  # it learns
 
 
+def test_gpu_generator_rbg_gives_the_same_steps_sharded(result):
+    """RunConfig.prng_impl=None is 'rbg' on GPUs: its dropout bits do not depend on the sharding
+    either, and they are other bits than threefry's (the losses differ)."""
+    r = result["mean/data4_model2/rbg"]
+    assert r["max_param_diff"] <= 1e-5, r
+    assert all(abs(a - b) <= 1e-4 for a, b in zip(r["losses"], r["ref_losses"]))
+    assert abs(r["ref_losses"][0] - r["threefry_losses"][0]) > 1e-4
+
+
 def test_params_and_optimizer_state_are_sharded(result):
     r = result["mean/data4_model2"]
     assert r["sample_specs"]["tower/backbone/encoder/layers_0/mlp/wi_0/kernel"] == "P('fsdp', 'model')"

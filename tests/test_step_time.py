@@ -86,3 +86,17 @@ def test_a_runs_prng_impl_does_not_carry_into_the_next_run(monkeypatch):
     assert jax.config.jax_default_prng_impl == "unsafe_rbg"
     aot.train_run(["gin/models/minilm_l6.gin", "gin/runs/minilm_nli.gin"], [], devices)
     assert jax.config.jax_default_prng_impl == setup.PROCESS_PRNG_IMPL == "threefry2x32"
+
+
+def test_a_run_without_a_generator_draws_rbg_on_gpus_and_threefry_elsewhere():
+    import types
+
+    from sentemb_jax.training import setup
+    from sentemb_jax.training.config import RunConfig
+
+    config = RunConfig(model_dir="/unused", num_steps=1)
+    gpu, tpu, cpu = (types.SimpleNamespace(platform=p) for p in ("gpu", "tpu", "cpu"))
+    assert setup.prng_impl_of(config, [gpu]) == "rbg"
+    assert setup.prng_impl_of(config, [tpu]) == setup.prng_impl_of(config, [cpu]) == "threefry2x32"
+    assert setup.prng_impl_of(config) == "threefry2x32"  # this machine's devices: CPUs
+    assert setup.prng_impl_of(config.replace(prng_impl="threefry2x32"), [gpu]) == "threefry2x32"  # said: kept

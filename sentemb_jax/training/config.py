@@ -308,7 +308,8 @@ class RunConfig:
     skip_nonfinite: 0 - a step whose loss or gradient norm is NaN / inf stops the job (naming the
       step and the batch's source lines) before anything of it is saved; N > 0 - such a batch is
       skipped (state unchanged, counted), more than N in a row still stop the job.
-    prng_impl: e.g. 'unsafe_rbg' - dropout masks from a cheaper generator than threefry.
+    prng_impl: the generator of dropout masks, one of 'threefry2x32', 'rbg', 'unsafe_rbg'; None:
+      'rbg' on GPUs, threefry2x32 elsewhere (training.setup.PLATFORM_PRNG_IMPLS).
     matmul_precision: float32 matrix products - 'default' (TF32 on NVIDIA GPUs, bf16 passes on
       TPUs), 'high' or 'highest' (IEEE float32 everywhere); bfloat16 models are unaffected.
     """

@@ -41,6 +41,12 @@ from sentemb_jax.training.method import Method, MethodContext, TrainState, rando
 from sentemb_jax.training.optimizers import make_optimizer
 
 PROCESS_PRNG_IMPL = jax.config.jax_default_prng_impl  # what JAX had before any run set one
+# RunConfig.prng_impl=None on these platforms: 'rbg' draws dropout bits with XLA's RngBitGenerator
+# (Philox: 10 rounds per 128 bits) instead of threefry's 20-round hash per 64 bits, written out as
+# elementwise ops - about 7 G draws a Sentence-T5 Base step. Splits and fold_ins stay threefry, and
+# the bits do not depend on the sharding (tests/multidevice_steps.py), so 8 devices = 1 and exact
+# resume hold; they differ from another platform's bits.
+PLATFORM_PRNG_IMPLS = {"gpu": "rbg", "cuda": "rbg", "rocm": "rbg"}
 
 log = logging.getLogger(__name__)
 _INIT_IDS = np.ones((1, 8), np.int32)  # shapes for initialisation only
@@ -165,6 +171,15 @@ class Run:
                                       self.abstract_state, self.shardings)
 
 
+def prng_impl_of(config: RunConfig, devices=None) -> str:
+    """The generator a run draws dropout from: RunConfig.prng_impl, else the platform's default
+    (PLATFORM_PRNG_IMPLS: 'rbg' on GPUs), else the process's own (threefry2x32)."""
+    if config.prng_impl is not None:
+        return config.prng_impl
+    platform = (devices[0] if devices else jax.devices()[0]).platform
+    return PLATFORM_PRNG_IMPLS.get(platform, PROCESS_PRNG_IMPL)
+
+
 def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, devices=None, abstract: bool = False) -> Run:
     """Build the run's program: the mesh (MeshConfig; a mesh that does not fit the devices is a
     ConfigError before anything compiles), the tower (TowerConfig, or the job's `model`), the
@@ -172,8 +187,8 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
     shapes and shardings, the jitted step and the input (the task's pipeline, or the job's
     `batches`). abstract=True: nothing is read and no teacher runs (compile-only and timing runs)."""
     # Every run sets the generator: one run's 'unsafe_rbg' must not carry into the next run of the
-    # same process (a notebook, the tests), whose config says nothing - the process's own default.
-    jax.config.update("jax_default_prng_impl", config.prng_impl or PROCESS_PRNG_IMPL)
+    # same process (a notebook, the tests), whose config says nothing - the platform's default.
+    jax.config.update("jax_default_prng_impl", prng_impl_of(config, devices))
     chunk = getattr(method, "chunk_size", None)
     if chunk and config.data.batch_size % chunk:  # else a ValueError while the step is traced
         raise ConfigError(f"{{where}} does not divide DataConfig.batch_size={config.data.batch_size}: the step embeds "
