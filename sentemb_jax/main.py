@@ -162,9 +162,11 @@ def check_run_job() -> None:
 
 
 @gin.configurable
-def run(job=gin.REQUIRED, compilation_cache_dir: str | None = None):
+def run(job=gin.REQUIRED, compilation_cache_dir: str | None = None, xla_options: tuple[str, ...] = ()):
     """Runs the job chosen in gin (`run.job = @some_job`). compilation_cache_dir: keep XLA's compiles
-    there (sentemb_jax.compile_cache): a restarted job loads them instead of compiling again."""
+    there (sentemb_jax.compile_cache): a restarted job loads them instead of compiling again.
+    xla_options: named XLA GPU options (sentemb_jax.xla_options), applied before anything touches a
+    device (_run_job, before the job and the multi-host set-up)."""
     if not callable(job):
         raise UsageError(f"run.job = {job!r} is a {type(job).__name__}, not a job: write run.job = @{configuration.suggest_job(job)} "
                          "(a reference to the job, with @)")
@@ -184,6 +186,18 @@ def split_gin_context(message: str) -> tuple[str, list[str]]:
 
 
 _GIN_CONTEXT = re.compile(r"^\s+In call to configurable '")
+
+
+def _apply_xla_options() -> None:
+    try:
+        names = gin.query_parameter("run.xla_options")
+    except (ValueError, KeyError):
+        return
+    from sentemb_jax.xla_options import apply_xla_options  # lazy: only after the console has taken stderr
+
+    flags = apply_xla_options(names, _model_dir_of_config(), where="gin binding run.xla_options")
+    if flags:
+        logging.getLogger(__name__).info("XLA options: %s", " ".join(flags))
 
 
 def _model_dir_of_config() -> str | None:
@@ -319,6 +333,7 @@ def _run_job(argv: list[str], console) -> int:
         register_configurables()
         parse_gin(files, bindings, search)
         check_run_job()  # a string or @job() is refused before anything runs
+        _apply_xla_options()  # XLA reads its flags when the backend starts: before any device is touched
         if tfds_data_dir:
             require_tensorflow("--tfds_data_dir (TFDS-backed seqio tasks)")
             import seqio  # lazy: imports TF, only once the console has taken stderr

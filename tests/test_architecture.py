@@ -19,7 +19,7 @@ LAYERS = [
     ("models", ["sentemb_jax.models"]),
     ("io", ["sentemb_jax.checkpoints", "sentemb_jax.checkpoint_checks", "sentemb_jax.tokenization", "sentemb_jax.run_dir",
             "sentemb_jax.hub", "sentemb_jax.child_process", "sentemb_jax.host", "sentemb_jax.compile_cache",
-            "sentemb_jax.locking", "sentemb_jax.faults", "sentemb_jax.st_layout"]),
+            "sentemb_jax.locking", "sentemb_jax.faults", "sentemb_jax.st_layout", "sentemb_jax.xla_options"]),
     ("data", ["sentemb_jax.data"]),
     ("inference", ["sentemb_jax.inference", "sentemb_jax.encoder", "sentemb_jax.encode_contract", "sentemb_jax.cross_encoder",
                    "sentemb_jax.export", "sentemb_jax.onnx_export"]),
@@ -34,8 +34,9 @@ LAYERS = [
 # optional heavy dependency, or what the command line must import only after the console has
 # taken over stderr, TensorFlow where it is the tool (jobs run without it) - and only this many in
 # the package (scikit-learn and matplotlib among them: 1.3 s and 0.5 s that every job process paid;
-# benchmarks.torch_side: the 6 s of torch and sentence-transformers, in their own worker only).
-MAX_LAZY_IMPORTS = 36
+# benchmarks.torch_side: the 6 s of torch and sentence-transformers, in their own worker only; the
+# XLA options, which import jax, read by the command line after the console has taken stderr).
+MAX_LAZY_IMPORTS = 37
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 
@@ -309,8 +310,8 @@ PRIVATE_API = re.compile(r"(\._CONFIG\b|\._REGISTRY\b|jax\._src|orbax\.checkpoin
 PRIVATE_API_ALLOWED: dict[str, str] = {
     "sentemb_jax": "jax._src.xla_bridge._backends: whether jax's backend has started when jax was imported before us "
                    "(then JAX_PLATFORMS=cpu no longer takes effect); no public API says so without starting it",
-    "sentemb_jax.benchmarks.encode_throughput": "jax._src.xla_bridge.backends_are_initialized: XLA_FLAGS set after the "
-                                                "backend started would silently do nothing; no public API says so",
+    "sentemb_jax.xla_options": "jax._src.xla_bridge.backends_are_initialized: XLA_FLAGS set after the "
+                               "backend started would silently do nothing; no public API says so",
     "sentemb_jax.faults": "orbax.checkpoint._src.path.atomicity: test-only fault injection kills the process "
                                    "inside orbax's rename of a finished checkpoint; orbax has no public hook there",
 }

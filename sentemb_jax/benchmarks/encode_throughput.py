@@ -49,8 +49,6 @@ import sys
 import tempfile
 import time
 
-from jax._src import xla_bridge  # set_xla_flags: no public API says whether XLA's backend has started
-
 from sentemb_jax import SentenceEncoder
 from sentemb_jax.benchmarks.machine import (
     apply_jax_fp32_matmul,
@@ -67,6 +65,7 @@ from sentemb_jax.errors import DataError, UsageError
 from sentemb_jax.evaluation.sts import StsbEvaluator
 from sentemb_jax.hub import packaged_minilm_path
 from sentemb_jax.paths import default_data_dir
+from sentemb_jax.xla_options import backend_started
 
 JAX_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentemb_jax_bf16", "sentemb_jax_bf16_packed")
 BASE_KINDS = ("sentemb_jax", "sentemb_jax_packed", "sentence_transformers")  # every run
@@ -143,7 +142,7 @@ def check_xla_flags(flags: str) -> None:
 def set_xla_flags(flags: str) -> None:
     """Append `flags` to XLA_FLAGS for this process; XLA reads them when its backend starts, so after
     that they would silently do nothing: refused then."""
-    if xla_bridge.backends_are_initialized():
+    if backend_started():
         raise RuntimeError(f"XLA_FLAGS {flags!r} come too late: this process's XLA backend has started")
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
 

@@ -2,7 +2,7 @@
 
     python -m sentemb_jax.benchmarks.step_time --gin_file gin/models/minilm_l6.gin --gin_file gin/runs/minilm_nli.gin \
         [--gin.KEY=VALUE ...] [--program train|cross_step|bi_step|ensemble_student] [--mesh DATA,FSDP,MODEL] \
-        [--device cpu|gpu|tpu] [--steps 20] [--warmup 3] [--json FILE]
+        [--device cpu|gpu|tpu] [--steps 20] [--warmup 3] [--xla_options NAME,...] [--json FILE]
 
 The step is the one the trainer runs: built by the run setup (training.setup.setup_run through
 benchmarks.aot, as the compile-only tools build it) - the gin file's mesh, tower, method, optimizer,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ from sentemb_jax.benchmarks import aot
 from sentemb_jax.benchmarks.machine import device_description, matmul_ceiling, select_devices, spec_peak
 from sentemb_jax.errors import SentembError, UsageError
 from sentemb_jax.training.setup import Run
+from sentemb_jax.xla_options import apply_xla_options
 
 PROGRAMS = ("train", "cross_step", "bi_step", "ensemble_student")
 
@@ -136,6 +138,7 @@ def report_lines(r: dict) -> list[str]:
         f"  model FLOPs {r['model_flops'] / 1e12:.3f} TFLOP/step: {r['achieved_tflops']:.2f} TFLOP/s = "
         f"{100 * r['mfu_vs_ceiling']:.1f}% of the measured matmul ceiling {r['ceiling_tflops']:.2f} TFLOP/s{spec}",
         f"  memory: peak on device {_gib(r['peak_device_bytes'])}; compiler's memory_analysis {_gib(r['compiled_bytes'])}",
+        *([f"  XLA options: {', '.join(r['xla_options'])} ({' '.join(r['xla_flags'])})"] if r.get("xla_options") else []),
         *(f"  note: {n}" for n in r["notes"]),
     ]
 
@@ -149,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    parser.add_argument("--xla_options", default="", help="named XLA GPU options, comma-separated (sentemb_jax.xla_options)")
     args, rest = parser.parse_known_args(argv)
+    options = tuple(o for o in args.xla_options.split(",") if o)
+    flags = apply_xla_options(options, os.path.dirname(os.path.abspath(args.json or "step_time.json")), where="--xla_options")
     bindings = []
     for item in rest:
         if not item.startswith("--gin."):
@@ -165,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bindings += [f"sentemb_jax.MeshConfig.data = {data}", f"sentemb_jax.MeshConfig.fsdp = {fsdp}",
                      f"sentemb_jax.MeshConfig.model = {model}"]
     devices = select_devices(args.device)
-    result = measure(args.program, args.gin_file, bindings, devices, args.steps, args.warmup)
+    result = {**measure(args.program, args.gin_file, bindings, devices, args.steps, args.warmup),
+              "xla_options": list(options), "xla_flags": flags}
     print("\n".join(report_lines(result)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
