@@ -5,6 +5,7 @@ logical axis rules (see `sentemb_jax.partitioning`) decide how it is sharded.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -131,6 +132,34 @@ def _low_precision_dot_bwd(residuals, g: Array):
 _low_precision_dot.defvjp(_low_precision_dot_fwd, _low_precision_dot_bwd)
 
 
+def dense_product(x: Array, kernel: Array, bias: Array | None, dtype: DType) -> Array:
+    """x @ kernel (+ bias) in `dtype`, with the float32 result only where it pays: on the CPU a
+    low-precision product is accumulated and returned in float32 (accumulated_dot: XLA:CPU's bf16
+    units need it), the bias added in float32, then rounded once; on GPUs and TPUs, which accumulate
+    a bf16 product in float32 inside the matrix unit, the product is returned in bf16 and the bias
+    added in bf16 - no float32 [tokens, features] tensor written and converted back per layer. The
+    platform is the one the program is lowered for (lax.platform_dependent: a TPU compile from a
+    CPU host gets the TPU form)."""
+    if x.dtype == jnp.float32:
+        y = jnp.dot(x, kernel)
+        return (y if bias is None else y + bias.astype(jnp.float32)).astype(dtype)
+    bias = () if bias is None else (bias,)
+    return jax.lax.platform_dependent(x, kernel, *bias, cpu=functools.partial(_cpu_product, dtype=dtype),
+                                      default=functools.partial(accelerator_product, dtype=dtype))
+
+
+def _cpu_product(x: Array, kernel: Array, *bias: Array, dtype: DType) -> Array:
+    y = _low_precision_dot(x, kernel)
+    return (y + bias[0].astype(jnp.float32) if bias else y).astype(dtype)
+
+
+def accelerator_product(x: Array, kernel: Array, *bias: Array, dtype: DType) -> Array:
+    """dense_product on a GPU or TPU: the product in the operands' dtype (accumulated in float32 by
+    the matrix unit), the bias added in it."""
+    y = jnp.dot(x, kernel)
+    return (y + bias[0].astype(y.dtype) if bias else y).astype(dtype)
+
+
 class Dense(nn.Module):
     """A Dense layer whose kernel (and bias) carry logical axis names."""
 
@@ -146,11 +175,10 @@ class Dense(nn.Module):
         kernel = self.param(
             "kernel", partitioned(self.kernel_init, self.kernel_axes), (x.shape[-1], self.features), self.param_dtype
         )
-        y = accumulated_dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        bias = None
         if self.use_bias:
             bias = self.param("bias", partitioned(nn.initializers.zeros, self.kernel_axes[-1:]), (self.features,), self.param_dtype)
-            y = y + bias.astype(jnp.float32)
-        return y.astype(self.dtype)
+        return dense_product(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.dtype)
 
 
 class Embed(nn.Module):
