@@ -80,3 +80,39 @@ def test_masks_are_booleans_and_combine_by_intersection():
     both = relpos() + p + s
     assert both.bias.shape == (1, 2, 7, 7)
     np.testing.assert_array_equal(np.asarray(both.mask), np.asarray(p.mask) & np.asarray(s.mask))
+
+
+def test_padding_goes_to_the_fused_kernels_as_key_lengths_while_no_other_mask_joins():
+    p = padding()
+    np.testing.assert_array_equal(np.asarray(p.kv_lengths), [7, 4, 2])
+    np.testing.assert_array_equal(np.asarray((relpos() + p).kv_lengths), [7, 4, 2])  # a bias keeps them
+    assert (p + segments()).kv_lengths is None and (common.causal_bias(7) + p).kv_lengths is None
+    empty = common.padding_bias(jnp.array([[1] * 7, [0] * 7, [1] * 3 + [0] * 4]))
+    np.testing.assert_array_equal(np.asarray(empty.kv_lengths), [7, 1, 3])  # a text of no tokens: one key
+    q, k, v = qkv(jnp.float32)
+    with jax.default_matmul_precision("highest"):
+        fused = common.attention(q, k, v, empty, 1.0, dropout=None, implementation="xla")
+        written = common.attention(q, k, v, empty, 1.0, dropout=None, implementation="written_out")
+    assert bool(jnp.all(jnp.isfinite(fused)))
+    for row in (0, 2):  # rows with tokens: the same attention (the empty row is padding either way)
+        np.testing.assert_allclose(np.asarray(fused[row]), np.asarray(written[row]), atol=2e-6, rtol=0)
+
+
+def test_the_default_picks_cudnn_only_on_a_gpu_in_half_precision_without_dropout(monkeypatch):
+    pick = common.fused_implementation
+    assert jax.default_backend() == "cpu" and pick(None, jnp.bfloat16, False) is None  # CPU: written out
+    assert pick("xla", jnp.float32, False) == "xla" and pick("written_out", jnp.bfloat16, False) is None
+    assert pick("cudnn", jnp.bfloat16, True) is None  # jax.nn's function has no dropout
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert pick(None, jnp.bfloat16, False) == pick(None, jnp.float16, False) == "cudnn"
+    assert pick(None, jnp.float32, False) is None and pick(None, jnp.bfloat16, True) is None
+    with pytest.raises(ValueError, match="attention implementation 'flash'"):
+        pick("flash", jnp.bfloat16, False)
+
+
+def test_t5_attention_dropout_has_its_own_rate():
+    from sentemb_jax.models import T5Config
+    from sentemb_jax.models.t5 import _attention
+
+    assert _attention(T5Config(dropout_rate=0.1), False, "a").dropout_rate == 0.1  # as Hugging Face's T5
+    assert _attention(T5Config(dropout_rate=0.1, attention_dropout_rate=0.0), False, "a").dropout_rate == 0.0

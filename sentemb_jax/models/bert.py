@@ -43,7 +43,8 @@ class BertConfig:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
-    # None: attention written out (XLA); 'xla' / 'cudnn': jax.nn.dot_product_attention's (cuDNN: fused, bf16).
+    # None: cuDNN's fused kernel on a GPU in bf16 without attention dropout, else written out
+    # (models.common.fused_implementation); 'written_out'; 'xla' / 'cudnn': jax.nn.dot_product_attention's.
     attention_implementation: str | None = None
 
     @property

@@ -244,25 +244,33 @@ class AttentionBias:
     logit bias broadcastable to [batch, heads, q, k] (T5's relative positions: [1, heads, q, k], no
     batch axis), and `mask`, a boolean [batch or 1, 1, q or 1, k] of the keys a query may attend to.
     Masks are booleans, not a dense float32 bias of -1e9s: a quarter of the bytes, and the form
-    fused attention kernels take. `a + b` adds the biases and intersects the masks (an array added
-    is a bias)."""
+    fused attention kernels take. `kv_lengths` ([batch] int32) is set where the mask is padding
+    only, right padding as tokenizers give it: the fused kernels then take the padding as key
+    lengths (cuDNN's padding mask) rather than as a [batch, 1, 1, k] tensor broadcast to a dense
+    bias. `a + b` adds the biases and intersects the masks (an array added is a bias); the lengths
+    stay only while no other mask joins them."""
 
     bias: Array | None = None
     mask: Array | None = None
+    kv_lengths: Array | None = None
 
     def __add__(self, other):
         if not isinstance(other, AttentionBias):
             other = AttentionBias(bias=other)
         pick = lambda a, b, join: a if b is None else b if a is None else join(a, b)  # noqa: E731
+        kv_lengths = self.kv_lengths if other.mask is None else other.kv_lengths if self.mask is None else None
         return AttentionBias(bias=pick(self.bias, other.bias, jnp.add),
-                             mask=pick(self.mask, other.mask, jnp.logical_and))
+                             mask=pick(self.mask, other.mask, jnp.logical_and), kv_lengths=kv_lengths)
 
     __radd__ = __add__
 
 
 def padding_bias(key_mask: Array) -> AttentionBias:
-    """[batch, k] mask of valid keys -> a [batch, 1, 1, k] boolean mask."""
-    return AttentionBias(mask=key_mask[:, None, None, :].astype(bool))
+    """[batch, k] mask of valid keys (right padding) -> a [batch, 1, 1, k] boolean mask and the
+    [batch] key lengths. A text of no tokens counts one key: its row stays finite, as with the
+    written-out form's finite masked logits."""
+    lengths = jnp.maximum(jnp.sum(key_mask.astype(jnp.int32), axis=-1), 1)
+    return AttentionBias(mask=key_mask[:, None, None, :].astype(bool), kv_lengths=lengths)
 
 
 def segment_bias(segment_ids: Array) -> AttentionBias:
@@ -281,17 +289,40 @@ def causal_bias(length: int) -> AttentionBias:
     return AttentionBias(mask=jnp.tril(jnp.ones((length, length), dtype=bool))[None, None])
 
 
+ATTENTION_IMPLEMENTATIONS = (None, "written_out", "xla", "cudnn")
+
+
+def fused_implementation(implementation: str | None, dtype, has_dropout: bool) -> str | None:
+    """The jax.nn.dot_product_attention implementation to run, or None for the written-out form.
+    None (the default) picks cuDNN's fused kernel when this process's default backend is a GPU, the
+    activations are bf16 / fp16 (cuDNN's kernel has no float32) and attention has no dropout (it
+    has none either); otherwise written out. The backend is the process's, read while tracing: a
+    TPU program compiled ahead of time from a CPU host gets the written-out form, as on a TPU."""
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation {implementation!r}: want one of {ATTENTION_IMPLEMENTATIONS}")
+    if has_dropout or implementation == "written_out":
+        return None
+    if implementation is None:
+        fusable = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        return "cudnn" if fusable else None
+    return implementation
+
+
 def attention(q: Array, k: Array, v: Array, bias: AttentionBias | None, scale: float, dropout: Callable | None,
               implementation: str | None = None) -> Array:
     """[batch, q, heads, d] attention, logits and softmax in float32 whatever the activation dtype.
     implementation 'xla' or 'cudnn' (cuDNN's fused kernel on NVIDIA GPUs): jax.nn.dot_product_attention,
-    which has no dropout (a step with attention dropout runs the written-out form). None (the
-    default): written out - q.k in the activation dtype, then float32 - the form the TPU compiler
-    builds for every shipped config (libtpu 0.0.42 crashes compiling jax.nn's float32-accumulating
-    form for Sentence-T5 large)."""
+    which has no dropout (a step with attention dropout runs the written-out form); padding goes in
+    as key lengths. None (the default): cuDNN's kernel where it applies (fused_implementation:
+    a GPU backend, bf16 / fp16, no attention dropout), else written out. 'written_out': q.k in the
+    activation dtype, then float32 - the form the TPU compiler builds for every shipped config
+    (libtpu 0.0.42 crashes compiling jax.nn's float32-accumulating form for Sentence-T5 large)."""
     bias = bias if bias is not None else AttentionBias()
-    if implementation is not None and dropout is None:
-        return jax.nn.dot_product_attention(q, k, v, bias=bias.bias, mask=bias.mask, scale=scale,
+    implementation = fused_implementation(implementation, q.dtype, dropout is not None)
+    if implementation is not None:
+        padding_only = bias.kv_lengths is not None
+        return jax.nn.dot_product_attention(q, k, v, bias=bias.bias, mask=None if padding_only else bias.mask, scale=scale,
+                                            key_value_seq_lengths=bias.kv_lengths if padding_only else None,
                                             implementation=implementation)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
     if bias.bias is not None:
@@ -320,7 +351,7 @@ class MultiHeadAttention(nn.Module):
     dtype: DType = jnp.float32
     param_dtype: DType = jnp.float32
     out_features: int | None = None
-    implementation: str | None = None  # None: written out; 'xla' / 'cudnn': jax.nn.dot_product_attention
+    implementation: str | None = None  # ATTENTION_IMPLEMENTATIONS: None picks (fused_implementation)
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array, bias: AttentionBias | None,

@@ -45,6 +45,9 @@ class T5Config:
     # The decoder's own rate (None: dropout_rate). ST5-EncDec from random init needs it lower than the
     # encoder's: its sentence embedding is the decoder's final first-token state, dropped at this rate.
     decoder_dropout_rate: float | None = None
+    # Dropout of the attention probabilities (None: dropout_rate, as Hugging Face's T5). 0.0 lets a
+    # GPU run attention as cuDNN's fused kernel, which has no dropout (docs/scale.md, "GPUs").
+    attention_dropout_rate: float | None = None
     # T5 drops the encoder's final states (the decoder's cross-attention memory) and the decoder's
     # final states; False keeps dropout inside the layers only.
     dropout_final_states: bool = True
@@ -64,7 +67,8 @@ class T5Config:
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
     remat: bool = False
-    # None: attention written out (XLA); 'xla' / 'cudnn': jax.nn.dot_product_attention's (cuDNN: fused, bf16).
+    # None: cuDNN's fused kernel on a GPU in bf16 without attention dropout, else written out
+    # (models.common.fused_implementation); 'written_out'; 'xla' / 'cudnn': jax.nn.dot_product_attention's.
     attention_implementation: str | None = None
 
     @property
@@ -149,7 +153,7 @@ def _attention(cfg: T5Config, deterministic: bool, name: str) -> MultiHeadAttent
         head_dim=cfg.d_kv,
         use_bias=False,
         scale_logits=False,
-        dropout_rate=cfg.dropout_rate,
+        dropout_rate=cfg.dropout_rate if cfg.attention_dropout_rate is None else cfg.attention_dropout_rate,
         deterministic=deterministic,
         dtype=cfg.dtype,
         param_dtype=cfg.param_dtype,
