@@ -1,5 +1,6 @@
 """Sequence packing: the packed layout is exact, and packed embeddings / gradients equal unpacked ones."""
 import dataclasses
+from typing import Sequence
 
 import flax.linen as nn
 import jax
@@ -158,3 +159,105 @@ def test_packed_cross_encoder_logits_and_gradients_equal_padded(backbone, poolin
     diffs = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), grads["padded"][1], grads["packed"][1])
     assert max(jax.tree_util.tree_leaves(diffs)) <= 1e-5
     assert max(float(jnp.abs(x).max()) for x in jax.tree_util.tree_leaves(grads["padded"][1])) > 1e-3  # not a no-op
+
+
+# The item-by-item forms the vectorised packer replaced: the reference it must equal exactly.
+def _loop_first_fit(lengths: Sequence[int], row_length: int) -> list[list[int]]:
+    """Bins of item indices, each bin's lengths summing to at most `row_length` (longest first)."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        n = int(lengths[i])
+        if n > row_length:
+            raise ValueError(f"text {i} has {n} tokens, more than the packing row length {row_length}")
+        for r, space in enumerate(free):
+            if n <= space:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_length - n)
+    return rows
+
+
+def _loop_fill_rows(tokens: Sequence[Sequence[int]], rows_of_items: Sequence[Sequence[int]], row_length: int, rows: int,
+              text_slots: int, width: int, pad_id: int, extras: dict[str, Sequence[Sequence[int]]] | None = None,
+              slot_by_item: bool = False) -> dict:
+    """The packed arrays of items laid out as `rows_of_items` (row r holds those items, in order):
+    `input_ids` (and each extra, e.g. token_type_ids) [rows, row_length], and `packing` =
+    segment_ids / positions [rows, row_length], token_index / token_mask [text_slots, width].
+    An item's text slot is its index (slot_by_item) or its place in row order; an empty item keeps
+    a one-token (padding) segment. Unused slots point at token 0 with a one-token mask (a finite
+    result to drop)."""
+    extras = extras or {}
+    ids = np.full((rows, row_length), pad_id, np.int32)
+    more = {name: np.zeros((rows, row_length), np.int32) for name in extras}
+    segments = np.zeros((rows, row_length), np.int32)
+    positions = np.zeros((rows, row_length), np.int32)
+    token_index = np.zeros((text_slots, width), np.int32)
+    token_mask = np.zeros((text_slots, width), np.int32)
+    token_mask[:, 0] = 1
+    k = 0
+    for r, members in enumerate(rows_of_items):
+        start = 0
+        for s, item in enumerate(members, start=1):
+            n, slot = len(tokens[item]), (item if slot_by_item else k)
+            ids[r, start : start + n] = tokens[item]
+            for name, values in extras.items():
+                more[name][r, start : start + n] = values[item]
+            segments[r, start : start + max(n, 1)] = s
+            positions[r, start : start + n] = np.arange(n)
+            token_index[slot, :n] = r * row_length + start + np.arange(n)
+            token_index[slot, n:] = r * row_length + start  # padding slots point at the text's first token (masked)
+            token_mask[slot] = 0
+            token_mask[slot, :n] = 1
+            start += max(n, 1)
+            k += 1
+    packing = {"segment_ids": segments, "positions": positions, "token_index": token_index, "token_mask": token_mask}
+    return {"input_ids": ids, **more, "packing": packing}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vectorised_packer_equals_the_item_by_item_one(seed):
+    """Random lengths (empty texts included), extras, both slot orders, a row count rounded up:
+    first-fit's rows and every array of fill_rows are equal to the loops' exactly."""
+    from sentemb_jax.data.packing import fill_rows
+
+    rng = np.random.default_rng(seed)
+    row_length = int(rng.choice([8, 16, 64]))
+    lengths = rng.integers(0, row_length + 1, int(rng.integers(1, 200)))
+    assert first_fit_decreasing(lengths, row_length) == _loop_first_fit(lengths.tolist(), row_length)
+    bins = first_fit_decreasing(np.maximum(lengths, 1), row_length)
+    tokens = [rng.integers(3, 1000, n).tolist() for n in lengths]
+    extras = {"token_type_ids": [rng.integers(0, 2, n).tolist() for n in lengths]}
+    width = int(max(lengths.max(), 1))
+    for slot_by_item in (True, False):
+        args = (tokens, bins, row_length, len(bins) + 3, len(lengths) + 2, width, 7, extras)
+        got, want = fill_rows(*args, slot_by_item=slot_by_item), _loop_fill_rows(*args, slot_by_item=slot_by_item)
+        for key in ("input_ids", "token_type_ids"):
+            np.testing.assert_array_equal(got[key], want[key])
+        for key in want["packing"]:
+            np.testing.assert_array_equal(got["packing"][key], want["packing"][key], err_msg=key)
+
+
+def test_pack_batch_equals_the_text_by_text_packer():
+    """pack_texts gathers tokens from the side matrices (sides of different widths, empty texts,
+    an extra): the same arrays as packing each text's tokens through the loops."""
+    rng = np.random.default_rng(3)
+    sides = [rng.integers(3, 500, (n, w)) for n, w in ((9, 12), (9, 7), (4, 12))]
+    masks = [(np.arange(x.shape[1])[None] < rng.integers(0, x.shape[1] + 1, (len(x), 1))).astype(np.int32) for x in sides]
+    types = [rng.integers(0, 2, x.shape) for x in sides]
+    got = pack_texts(sides, masks, row_length=16, pad_id=1, row_multiple=4, extras={"token_type_ids": types})
+
+    def texts(mats):
+        return [x[i, : m[i].sum()] for x, m in zip(mats, masks) for i in range(len(x))]
+
+    lengths = np.concatenate([m.sum(1) for m in masks])
+    bins = _loop_first_fit(np.maximum(lengths, 1).tolist(), 16)
+    want = _loop_fill_rows(texts(sides), bins, 16, -(-len(bins) // 4) * 4, len(lengths), 12, 1,
+                           {"token_type_ids": texts(types)}, slot_by_item=True)
+    np.testing.assert_array_equal(got["packed_input_ids"], want["input_ids"])
+    np.testing.assert_array_equal(got["packed_token_type_ids"], want["token_type_ids"])
+    for key, value in want["packing"].items():
+        np.testing.assert_array_equal(got[f"packed_{key}"], value, err_msg=key)
