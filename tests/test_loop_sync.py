@@ -136,3 +136,48 @@ def test_loop_overhead_benchmark_prints_three_kinds(capsys):
     assert out[0].startswith("device: ") and "4 steps x 1 rounds" in out[0]
     assert [line.split(" ms/step")[0].rsplit(" ", 1)[0].strip() for line in out[1:]] == \
         ["bare step", "loop, reads at log points", "loop, reads every step"]
+
+
+def test_batches_prepared_ahead_keep_their_order_and_checkpoints_the_position_trained_on(tmp_path):
+    """The step's batches are made on the prefetch thread, ahead of the step: the step sees batches
+    1..12 in order, the thread prepared more than that, and each checkpoint records the position
+    after the batch its step took (4, 8, 12), not the source's position then."""
+    import threading
+
+    prepared, threads = [], set()
+
+    def recording(batch):
+        prepared.append(batch["index"])
+        threads.add(threading.current_thread().name)
+        return device_batch(batch)
+
+    source = Batches()
+    state, manager = run(tmp_path, source, checkpoint_every=4)
+    loop.run_loop(state, step_fn, recording, jax.random.PRNGKey(0))
+    manager.wait_until_finished()
+    assert prepared[:12] == list(range(1, 13)) and threads == {"input-prefetch"}
+    for step in (4, 8, 12):
+        data = manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+        assert data["input"] == {"position": step}
+    assert not any(t.name == "input-prefetch" for t in threading.enumerate())  # stopped with the loop
+
+
+def test_an_input_error_reaches_the_loop_at_its_batch_and_the_thread_stops(tmp_path):
+    """A source that fails at batch 6 (a data file's bad line): the loop raises that error after
+    five steps, in its own thread, and no prefetch thread is left."""
+    import threading
+
+    from sentemb_jax.errors import DataError
+
+    class Failing(Batches):
+        def __iter__(self):
+            for batch in super().__iter__():
+                if batch["index"] == 6:
+                    raise DataError("data.tsv:6: a bad row")
+                yield batch
+
+    state, _ = run(tmp_path, Failing())
+    with pytest.raises(DataError, match="data.tsv:6: a bad row"):
+        loop.run_loop(state, step_fn, device_batch, jax.random.PRNGKey(0))
+    assert state.step == 5
+    assert not any(t.name == "input-prefetch" for t in threading.enumerate())

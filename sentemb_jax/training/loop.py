@@ -12,7 +12,8 @@ Trans-Encoder's phases (`methods.trans_encoder.fit_phase`). A caller gives it
 The host does not wait for the device between steps: it counts steps itself, and the steps' finite
 flags stay on the device until a point that reads the state anyway - logging, evaluation, a
 checkpoint, a stop signal, the last step - where they are read in one transfer (`check_finite`).
-So while step N runs, the host reads, packs and places batch N+1 (JAX dispatches asynchronously);
+While step N runs, a thread reads, packs and places the next batches, two ahead (training.prefetch;
+JAX dispatches asynchronously, so the loop's own thread only queues steps);
 a non-finite step stops the job at most `log_every` steps late, still naming its batch's source
 lines, and before anything is evaluated or saved. Only `skip_nonfinite > 0` (a bad batch is skipped
 and the next one must start from the state before it) reads the flag after every step.
@@ -45,8 +46,10 @@ from sentemb_jax.paths import is_remote
 from sentemb_jax.run_dir import CHECKPOINTS, TENSORBOARD, run_path, tensorboard_writer
 from sentemb_jax.training import run_record
 from sentemb_jax.training.preemption import StopSignals
+from sentemb_jax.training.prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
+PREFETCH_BATCHES = 2  # step batches prepared ahead of the step (training.prefetch)
 
 
 def host_params(tree):
@@ -174,6 +177,7 @@ class RunState:
         self.tokens = int(resumed.get("tokens", 0))
         self.evaluations: list[dict] = list(resumed.get("evaluations", []))
         self.iterator = iter(batches)
+        self.prefetcher: Prefetcher | None = None
         self.metrics: dict = {}
         self.bad_in_a_row = 0
         self.tick = time.perf_counter()
@@ -185,11 +189,20 @@ class RunState:
     def out_of_time(self) -> bool:
         return budget_spent(self.train_seconds, self.schedule.time_budget_s)
 
-    def next_batch(self) -> dict:
+    def start_input(self, device_batch: Callable[[dict], dict], depth: int = PREFETCH_BATCHES) -> None:
+        """The step's batches from now on prepared `depth` ahead on a thread (training.prefetch)."""
+        self.prefetcher = Prefetcher(self.batches, self.iterator, device_batch, depth)
+
+    def next_batch(self) -> tuple[dict, dict]:
+        """(the source batch, the step's batch made of it by start_input's device_batch)."""
         try:
-            return next(self.iterator)
+            return next(self.prefetcher)
         except StopIteration:
             raise TrainingError(f"{self.batches.name} ran out of data at step {self.step}") from None
+
+    def input_state(self) -> dict:
+        """The input's position after the batch the last step took (not the batches prepared ahead)."""
+        return self.prefetcher.state_dict() if self.prefetcher is not None else self.batches.state_dict()
 
     def accept(self, state, out: dict, batch: dict, started: float) -> bool:
         """Take the step's state without waiting for it. With skip_nonfinite > 0 the finite flag is
@@ -276,7 +289,7 @@ class RunState:
     def save(self) -> None:
         self.manager.save(self.step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(self.state),
-            data=ocp.args.JsonSave({"input": self.batches.state_dict(), "best": self.best,
+            data=ocp.args.JsonSave({"input": self.input_state(), "best": self.best,
                                     "train_seconds": self.train_seconds, "skipped_batches": self.skipped,
                                     "tokens": self.tokens,
                                     "evaluations": self.evaluations})), force=True)
@@ -293,6 +306,8 @@ class RunState:
     def close(self) -> None:
         """After the loop, however it ended: no checkpoint write left half done, the input's
         iterator closed (its prefetch thread / tf.data iterator released now, not at exit)."""
+        if self.prefetcher is not None:
+            self.prefetcher.close()  # stops its thread, then closes the iterator
         close_iterator = getattr(self.iterator, "close", None)
         if close_iterator is not None:
             close_iterator()
@@ -321,12 +336,13 @@ def run_loop(run: RunState, step_fn, device_batch: Callable[[dict], dict], rng, 
         run.write_metrics()
     faults.install()  # tests only: SENTEMB_FAULT places a kill deterministically
     try:
+        run.start_input(device_batch)
         with context or contextlib.nullcontext(), StopSignals() as stop_signals:
             # A rerun of a run that already spent its budget stops at once (it does not take a step more).
             while run.step < sched.num_steps and not run.out_of_time():
                 started = time.perf_counter()
-                batch = run.next_batch()
-                state, out = step_fn(run.state, device_batch(batch), rng)  # donates run.state; returns at once
+                batch, placed = run.next_batch()
+                state, out = step_fn(run.state, placed, rng)  # donates run.state; returns at once
                 if not run.accept(state, out, batch, started):
                     continue
                 step, out_of_time = run.step, run.out_of_time()
