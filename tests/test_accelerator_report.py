@@ -10,6 +10,8 @@ import sys
 import pytest
 from run_utils import REPO, cut_data_dir, without_tensorflow
 
+from sentemb_jax.errors import UsageError
+
 
 @pytest.fixture(scope="module")
 def small_data(tmp_path_factory, data_dir):
@@ -45,8 +47,14 @@ def test_the_accelerator_report_quick_runs_every_stage_and_the_default_job(small
     assert all(f"| {n} | ok |" in md for n in names)
     assert report["stages"]["environment"]["result"]["packages"]["tensorflow"] is not None  # installed, not importable
     assert {r["side"] for r in report["stages"]["matmul"]["result"]["rows"]} == {"jax", "torch"}
-    timed = [c["result"] for c in report["stages"]["step_time"]["commands"]]
-    assert len(timed) == 2 and all(r["median_s"] > 0 and r["model_flops"] > 0 for r in timed)
+    timed = [c["result"] for n in ("t5_base", "levers", "xla_options", "methods") for c in report["stages"][n]["commands"]]
+    assert len(timed) == 5 and all(r["median_s"] > 0 and r["model_flops"] > 0 for r in timed)
+    # the Sentence-T5 row's profile, by op class, sums to the whole; each lever beside the defaults
+    profile = report["stages"]["t5_base"]["commands"][0]["result"]["profile"]
+    assert abs(sum(r["percent"] for r in profile["rows"]) - 100) < 1e-6 and profile["ops"] > 10
+    assert "| op class | ms / step | % |" in md and "| lever A/B (two-layer T5-base) |" in md
+    assert "| one encoder call per side |" in md and "| dropout bits from threefry |" in md
+    assert "plan (no budget;" in proc.stdout
     job = report["stages"]["default_job"]["commands"][0]["output_tail"].splitlines()
     header = [line.split("|") for line in job if line.startswith("| Model | STS12")][-1]
     after = [line.split("|") for line in job if line.startswith("| student after")]
@@ -94,13 +102,17 @@ def test_the_model_reaches_the_macro_each_config_reads_and_a_second_run_continue
 
     args = argparse.Namespace(quick=False, tiny_shapes=False, out=str(tmp_path), device=None, model="/kit/model",
                               data_dir=None)
-    commands = ar.step_time(args) + ar.default_job(args)
-    assert len(commands) == 13
+    commands = (ar.step_time(args, "t5_base") + ar.step_time(args, "levers") + ar.step_time(args, "xla_options")
+                + ar.step_time(args) + ar.default_job(args))
+    assert len(commands) == 1 + len(ar.LEVERS) + 10 + 1
     for c in commands:
         bound = {a.split("=")[0][len("--gin."):] for a in c.argv if a.startswith("--gin.") and "/kit/model" in a}
         assert bound == macros_naming_the_shipped_model(c.argv), c.label
-    assert {c.label for c in commands if not any("/kit/model" in a for a in c.argv)} == {"t5_base_bf16", "t5_large_bf16",
-                                                                                      "t5_base_bf16_unsafe_rbg"}
+    assert {c.label for c in commands if not any("/kit/model" in a for a in c.argv)} == {
+        "t5_base_bf16", "t5_large_bf16", *(f"lever_{label}" for label, _, _ in ar.LEVERS)}
+    # the T5-base row is profiled; each lever's row is the two-layer model at the recipe's batch
+    assert "--profile" in commands[0].argv
+    assert all("--gin.sentemb_jax.DataConfig.batch_size=256" in c.argv for c in commands[1:1 + len(ar.LEVERS)])
 
     out = tmp_path / "report"
     assert ar.main(["--out", str(out), "--stages", "environment"]) == 0
@@ -114,3 +126,69 @@ def test_the_model_reaches_the_macro_each_config_reads_and_a_second_run_continue
     (tmp_path / "other" / "report.json").write_text('{"rows": []}')
     with pytest.raises(ConfigError, match="not a report this tool wrote"):
         ar.main(["--out", str(tmp_path / "other"), "--stages", "environment"])
+
+
+def test_the_plan_runs_what_fits_the_budget_in_value_order_and_the_next_call_the_rest(tmp_path, capsys):
+    """Estimates on an H200: environment (5 s) fits a 20 s budget, matmul (30 s) does not and is left
+    for the next call, recorded so; the same command again runs only matmul (the first stage of a
+    call runs even when it is larger than the budget, its limit cut to it). The plan is printed
+    before anything runs, in value order."""
+    from sentemb_jax.benchmarks import accelerator_report as ar
+
+    order = [s.name for s in ar.STAGES]
+    assert order == ["environment", "matmul", "encode", "train", "t5_base", "levers", "tests", "xla_options", "methods",
+                     "default_job"]
+    assert sum(s.estimate_s for s in ar.STAGES[:6]) <= 8 * 60  # what matters first fits one 8-minute call
+    out = tmp_path / "report"
+    argv = ["--out", str(out), "--stages", "environment,matmul", "--budget_s", "20", "--quick"]
+    assert ar.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.index("now       environment") < printed.index("next call matmul") < printed.index("environment: ok")
+    stages = json.loads((out / "report.json").read_text())["stages"]
+    assert stages["environment"]["status"] == "ok" and stages["matmul"]["status"] == "left for the next call"
+    assert ar.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "done      environment" in printed and "matmul: ok" in printed and "environment: ok" not in printed
+    report = json.loads((out / "report.json").read_text())
+    assert [report["stages"][n]["run"] for n in ("environment", "matmul")] == [0, 1]
+    assert report["stages"]["matmul"]["limit_s"] <= 20
+    with pytest.raises(UsageError, match="--budget_s -1.0: expected a positive"):
+        ar.main(["--out", str(tmp_path / "bad"), "--budget_s", "-1"])
+
+
+def test_the_profile_table_sorts_a_cpu_trace_into_op_classes(tmp_path):
+    """A traced program of a matmul, dropout-scoped random bits and a transpose, classed by the
+    compiled HLO beside the trace: each lands in its class, the classes and idle add up to 100%,
+    kernel names alone class a GPU's kernels, and a directory without a trace is one line."""
+    import jax
+    import jax.numpy as jnp
+
+    from sentemb_jax.benchmarks import profile_table
+    from sentemb_jax.errors import DataError
+
+    def program(x, k):
+        y = jnp.tanh(x @ x)
+        with jax.named_scope("dropout"):
+            keep = jax.random.bits(k, (256, 256)) > jnp.uint32(2 ** 31)
+        return (y * keep).T.copy()
+
+    x, k = jnp.ones((256, 256)), jax.random.PRNGKey(0)
+    compiled = jax.jit(program).lower(x, k).compile()
+    compiled(x, k).block_until_ready()
+    (tmp_path / profile_table.HLO_FILE).write_text(compiled.as_text())
+    with jax.profiler.trace(str(tmp_path), create_perfetto_trace=True):
+        for _ in range(2):
+            compiled(x, k).block_until_ready()
+    summary = profile_table.summarise(str(tmp_path), steps=2)
+    by_class = {r["class"]: r for r in summary["rows"]}
+    assert list(by_class) == profile_table.ORDER
+    assert by_class["matmul"]["ms_per_step"] > 0 and by_class["rng"]["ms_per_step"] > 0, summary
+    assert abs(sum(r["percent"] for r in summary["rows"]) - 100) < 1e-6
+    assert profile_table.op_class({"name": "sm90_xmma_gemm_bf16bf16_bf16f32"}) == "matmul"
+    assert profile_table.op_class({"name": "loop_fusion", "args": {"hlo_op": "fusion.3",
+                                                                   "long_name": "threefry2x32"}}) == "rng"
+    assert profile_table.op_class({"name": "cudnn_fmha_fwd"}) == "attention"
+    assert profile_table.op_class({"name": "transpose.7"}) == "layout"
+    assert profile_table.op_class({"name": "input_reduce_fusion"}) == "elementwise"
+    with pytest.raises(DataError, match="no \\*.trace.json.gz"):
+        profile_table.summarise(str(tmp_path / "empty"))

@@ -4,14 +4,20 @@ each stage's result goes to DIR/report.json and DIR/report.md as soon as it ends
 loses nothing before it; a failed or timed-out stage is recorded and the next one runs.
 
     python -m sentemb_jax.benchmarks.accelerator_report --out DIR [--quick] [--device cpu|gpu]
-        [--stages environment,matmul,...] [--data_dir DIR] [--model DIR]
+        [--budget_s 480] [--stages environment,matmul,...] [--data_dir DIR] [--model DIR]
 
-Stages: environment (versions, devices, nvidia-smi), matmul (ceilings in JAX and torch, each
-dtype and fp32 mode, beside the spec peak), tests (the device-relevant tests, parity pinned to
-'highest'), step_time (MiniLM, T5-base and T5-large in bf16, and every method's step), encode and
-train (MiniLM against sentence-transformers on the same device), default_job (the default job,
-shortened, end to end with its STS table). `--quick` runs every stage at toy sizes (a CPU check of
-the report itself). On a host without our pins, `benchmarks.portable_kit pack --for_report`
+Stages, in value order (STAGES; the plan is printed with each stage's estimate before anything
+runs): environment (versions, devices, nvidia-smi), matmul (ceilings in JAX and torch, each dtype
+and fp32 mode, beside the spec peak), encode and train (MiniLM against sentence-transformers on the
+same device, bf16 and fp32), t5_base (the Sentence-T5 Base step at the recipe's batch, with a
+profile summarised by op class: benchmarks.profile_table), levers (the step's levers' A/B on
+two-layer T5-base), tests (the device-relevant tests, parity pinned to 'highest'), xla_options
+(each XLA GPU option's A/B, sentemb_jax.xla_options), methods (MiniLM,
+T5-large and every method's step), default_job (the default job, shortened, end to end with its
+STS table). A call runs the stages whose estimates fit `--budget_s` and records the rest as left
+for the next call; the same command again continues with what is left (a stage already ok is not
+run again unless --redo). `--quick` runs every stage at toy sizes (a CPU check of the
+report itself). On a host without our pins, `benchmarks.portable_kit pack --for_report`
 bundles what the report needs beyond the host's packages.
 """
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from sentemb_jax.benchmarks import machine
+from sentemb_jax.benchmarks import machine, profile_table
 from sentemb_jax.errors import ConfigError, SentembError, UsageError
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
@@ -55,7 +61,9 @@ class Command:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     name: str
-    limit_s: float  # the whole stage, every command in it; `--quick` scales it down
+    limit_s: float  # the whole stage, every command in it; `--limit_scale` scales it
+    estimate_s: float  # on an H200, compiles included: what the plan adds up against --budget_s
+    what: str  # the plan's line
     commands: Callable[[argparse.Namespace], list[Command]] | None = None
     in_process: Callable[[argparse.Namespace], dict] | None = None
 
@@ -130,41 +138,60 @@ def tests(args) -> list[Command]:
     return [Command("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files])]
 
 
-def step_time_configs(quick: bool) -> list[tuple[str, list[str], str]]:
-    """(label, gin arguments, program): the three model sizes in bf16, then every method's step."""
+MINILM = ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/minilm_nli.gin"]
+STUDENT = ["--gin_file", "gin/models/minilm_student.gin"]
+ONE = ["--mesh", "1,1,1"]
+T5_BASE = ["--gin_file", "gin/st5_base.gin", *ONE, "--gin.sentemb_jax.DataConfig.batch_size=256"]  # the recipe's batch
+# The levers' A/B: T5-base at the recipe's batch and length cut to two encoder layers and one decoder
+# layer, so that each variant compiles in seconds, not the full model's two minutes.
+T5_BASE_TWO_LAYERS = [*T5_BASE, "--gin.sentemb_jax.TowerConfig.config_overrides={'num_layers': 2, 'num_decoder_layers': 1}"]
+# (label, bindings or step_time flags, what it turns off or on against the defaults)
+LEVERS = [
+    ("defaults", [], "every lever as shipped: rbg dropout bits on GPUs, one encoder call, bf16 products"),
+    ("threefry", ["--gin.sentemb_jax.RunConfig.prng_impl='threefry2x32'"], "dropout bits from threefry"),
+    ("per_side_calls", ["--gin.sentemb_jax.Contrastive.single_call=False"], "one encoder call per side"),
+    *((f"xla_{name}", [f"--xla_options={name}"], f"XLA option {name}") for name in
+      ("autotune_cache", "command_buffers_off", "triton_gemm_off", "cublaslt")),
+]
+
+
+def step_time_configs(quick: bool, stage: str = "methods") -> list[tuple[str, list[str], str]]:
+    """(label, step_time arguments, program) of a stage: 't5_base' (Sentence-T5 Base at the recipe's
+    shapes), 'levers' (each lever's A/B on two-layer T5-base), 'methods' (MiniLM, T5-large and
+    every method's step)."""
     if quick:
-        return [("t5_tiny_contrastive", TINY_T5 + SMALL, "train"),
-                ("t5_tiny_gradcache", TINY_T5 + SMALL + ["--gin.sentemb_jax.Contrastive.chunk_size=4",
-                                                        "--gin.sentemb_jax.Contrastive.gradcache=True"], "train")]
-    minilm = ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/minilm_nli.gin"]
-    one = ["--mesh", "1,1,1"]
-    student = ["--gin_file", "gin/models/minilm_student.gin"]
+        tiny = TINY_T5 + SMALL
+        return {"t5_base": [("t5_tiny_contrastive", tiny, "train")],
+                "levers": [(f"lever_{label}", tiny + extra, "train") for label, extra, _ in LEVERS[:3]],
+                "xla_options": [],
+                "methods": [("t5_tiny_gradcache", tiny + ["--gin.sentemb_jax.Contrastive.chunk_size=4",
+                                                          "--gin.sentemb_jax.Contrastive.gradcache=True"], "train")]}[stage]
+    if stage == "t5_base":
+        return [("t5_base_bf16", T5_BASE, "train")]
+    if stage in ("levers", "xla_options"):
+        chosen = [lever for lever in LEVERS if (lever[0].startswith("xla_")) == (stage == "xla_options")]
+        return [(f"lever_{label}", T5_BASE_TWO_LAYERS + extra, "train") for label, extra, _ in chosen]
     return [
-        ("minilm_bf16_batch256", minilm + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256",
+        ("minilm_bf16_batch256", MINILM + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256",
                                            "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
         # cuDNN's fused attention has no dropout: attention dropout off in this row.
-        ("minilm_bf16_cudnn_attention", minilm + ["--gin.sentemb_jax.DataConfig.batch_size=256",
+        ("minilm_bf16_cudnn_attention", MINILM + ["--gin.sentemb_jax.DataConfig.batch_size=256",
                                                   "--gin.sentemb_jax.DataConfig.pack=False",
                                                   "--gin.sentemb_jax.TowerConfig.config_overrides={'dtype': 'bfloat16', "
                                                   "'attention_implementation': 'cudnn', 'attention_probs_dropout_prob': 0.0}"],
          "train"),
-        ("minilm_fp32_batch256", minilm + ["--gin.sentemb_jax.DataConfig.batch_size=256",
+        ("minilm_fp32_batch256", MINILM + ["--gin.sentemb_jax.DataConfig.batch_size=256",
                                            "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
-        ("t5_base_bf16", ["--gin_file", "gin/st5_base.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=256"], "train"),
-        ("t5_large_bf16", ["--gin_file", "gin/st5_large.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
-        ("minilm_gradcache", minilm + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256", "--gin.sentemb_jax.DataConfig.pack=False",
+        ("t5_large_bf16", ["--gin_file", "gin/st5_large.gin", *ONE, "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("minilm_gradcache", MINILM + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256", "--gin.sentemb_jax.DataConfig.pack=False",
                                        "--gin.sentemb_jax.Contrastive.chunk_size=64", "--gin.sentemb_jax.Contrastive.gradcache=True"], "train"),
-        ("congen", student + ["--gin_file", "gin/runs/congen_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
-        ("sct", student + ["--gin_file", "gin/runs/sct_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("congen", STUDENT + ["--gin_file", "gin/runs/congen_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
+        ("sct", STUDENT + ["--gin_file", "gin/runs/sct_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
         ("trans_encoder_cross", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
          "cross_step"),
         ("trans_encoder_bi", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
          "bi_step"),
-        ("ensemble_student", student + ["--gin_file", "gin/runs/ensemble_distill_cpu.gin"], "ensemble_student"),
-        # Last (a stage cut short loses it first): T5-base's dropout masks from JAX's 'unsafe_rbg'
-        # instead of threefry, beside the row above; on the H200, T5-base reached 35% MFU.
-        ("t5_base_bf16_unsafe_rbg", ["--gin_file", "gin/st5_base.gin", *one, "--gin.sentemb_jax.DataConfig.batch_size=256",
-                                     "--gin.sentemb_jax.RunConfig.prng_impl='unsafe_rbg'"], "train"),
+        ("ensemble_student", STUDENT + ["--gin_file", "gin/runs/ensemble_distill_cpu.gin"], "ensemble_student"),
     ]
 
 
@@ -183,16 +210,19 @@ def model_bindings(gin_args: list[str], model: str | None) -> list[str]:
     return []
 
 
-def step_time(args) -> list[Command]:
+def step_time(args, stage: str = "methods") -> list[Command]:
     steps = ["--steps", "2", "--warmup", "1"] if args.quick or args.tiny_shapes else ["--steps", "20", "--warmup", "3"]
     shrink = ["--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16"] \
         if args.tiny_shapes else []
     chunk = ["--gin.sentemb_jax.Contrastive.chunk_size=2"] if args.tiny_shapes else []  # divides batch 4
-    return [Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *model_bindings(gin, args.model), *shrink,
-                            *(chunk if "gradcache" in label else []), "--program", program, *steps,
-                            *_device_flag(args), "--json", os.path.join(args.out, f"step_time_{label}.json")],
-                    os.path.join(args.out, f"step_time_{label}.json"))
-            for label, gin, program in step_time_configs(args.quick)]
+    out = []
+    for label, gin, program in step_time_configs(args.quick, stage):
+        json_file = os.path.join(args.out, f"step_time_{label}.json")
+        profile = ["--profile", os.path.join(args.out, f"profile_{label}")] if stage == "t5_base" else []
+        out.append(Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *model_bindings(gin, args.model),
+                                   *shrink, *(chunk if "gradcache" in label else []), "--program", program, *steps,
+                                   *profile, *_device_flag(args), "--json", json_file], json_file))
+    return out
 
 
 def _model_and_data(args) -> list[str]:
@@ -223,21 +253,67 @@ def default_job(args) -> list[Command]:
                                     "--gin.sentemb_jax.RunConfig.time_budget_s=None", *data])]
 
 
-# Limits from the one H200 run so far (jax 0.11.2, CUDA 13, 16 cores): environment 2 s, matmul
-# 27 s, the tests 68 s, a step_time process 55-147 s (compiles: T5-base's first step took 140 s
-# of its 147; T5-large's process 55 s); encode and train did not finish their workers' start-up
-# in 100 s and 70 s (they start together on a GPU now). The whole report is over the 10 minutes
-# one command may take on a lent GPU host: run it as two invocations with the same --out (see
-# docs/scale.md), which continue one report.
+# In value order: what a user choosing a stack needs first. Estimates from the one H200 run so far
+# (jax 0.11.2, CUDA 13, 16 cores): environment 2 s, matmul 27 s, the tests 68 s, a step_time
+# process 55-147 s (T5-base's first compile took 140 s of its 147); the encode / train workers
+# start together on a GPU. The plan runs what fits --budget_s (480 s: one 8-minute call) and
+# leaves the rest to the next call with the same --out.
 STAGES = (
-    Stage("environment", 15, in_process=environment),
-    Stage("matmul", 45, in_process=matmul),
-    Stage("tests", 100, commands=tests),
-    Stage("step_time", 420, commands=step_time),
-    Stage("encode", 150, commands=encode),
-    Stage("train", 120, commands=train),
-    Stage("default_job", 120, commands=default_job),
+    Stage("environment", 15, 5, "versions, devices, nvidia-smi", in_process=environment),
+    Stage("matmul", 45, 30, "matmul ceilings, JAX and torch, beside the spec peak", in_process=matmul),
+    Stage("encode", 150, 90, "MiniLM encode against sentence-transformers, bf16 and fp32", commands=encode),
+    Stage("train", 120, 90, "MiniLM training against sentence-transformers, bf16 and fp32", commands=train),
+    Stage("t5_base", 240, 170, "Sentence-T5 Base step at the recipe's batch, bf16, with its profile by op class",
+          commands=lambda args: step_time(args, "t5_base")),
+    Stage("levers", 150, 75, "the step's levers' A/B on two-layer T5-base at the recipe's batch",
+          commands=lambda args: step_time(args, "levers")),
+    Stage("tests", 100, 70, "the device-relevant tests", commands=tests),
+    Stage("xla_options", 180, 100, "each XLA GPU option's A/B on the same two-layer T5-base",
+          commands=lambda args: step_time(args, "xla_options")),
+    Stage("methods", 600, 420, "MiniLM, T5-large and every method's step", commands=step_time),
+    Stage("default_job", 120, 100, "the default job, shortened, end to end with its STS table", commands=default_job),
 )
+
+
+def plan(chosen: list[str], done: set[str], budget_s: float | None, redo: bool = False) -> list[tuple[Stage, str]]:
+    """(stage, 'now' / 'next call' / 'done') in value order: stages already ok in the report are
+    done (unless `redo`); the others run now while their estimates fit the budget (the first one
+    always does, its limit cut to the budget, so a stage larger than a call still runs)."""
+    out, used = [], 0.0
+    for stage in STAGES:
+        if stage.name not in chosen:
+            continue
+        if stage.name in done and not redo:
+            out.append((stage, "done"))
+            continue
+        fits = budget_s is None or used == 0 or used + stage.estimate_s <= budget_s
+        out.append((stage, "now" if fits else "next call"))
+        used += stage.estimate_s if fits else 0.0
+    return out
+
+
+def plan_lines(planned: list[tuple[Stage, str]], budget_s: float | None) -> list[str]:
+    now = sum(s.estimate_s for s, when in planned if when == "now")
+    lines = [f"plan ({'no budget' if budget_s is None else f'budget {budget_s:.0f} s'}; estimates on an H200, "
+             f"compiles included: {now:.0f} s now):"]
+    lines += [f"  {when:9} {s.name:12} ~{s.estimate_s:4.0f} s  {s.what}" for s, when in planned]
+    return lines
+
+
+STEP_STAGES = ("t5_base", "levers", "xla_options", "methods")
+
+
+def lever_lines(levers: list[dict]) -> list[str]:
+    """Each lever's A/B: its step against the defaults' step, in ms (positive: the lever saves that)."""
+    base = next((c["result"]["median_s"] for c in levers if c["label"] == "lever_defaults"), None)
+    if base is None or len(levers) < 2:
+        return []
+    what = {f"lever_{label}": text for label, _, text in LEVERS}
+    lines = ["", "| lever A/B (two-layer T5-base) | step ms | against the defaults |", "|---|---:|---:|"]
+    for c in levers:
+        ms = 1e3 * c["result"]["median_s"]
+        lines.append(f"| {what.get(c['label'], c['label'])} | {ms:.2f} | {ms - 1e3 * base:+.2f} ms |")
+    return lines
 
 
 class Report:
@@ -278,7 +354,7 @@ class Report:
         lines += ["", "| stage | status | seconds | limit |", "|---|---|---:|---:|"]
         for name, e in self.data["stages"].items():
             lines.append(f"| {name} | {e['status']} | {e['seconds']:.1f} | {e['limit_s']:.0f} |")
-        timed = [c for c in self.data["stages"].get("step_time", {}).get("commands", []) if "result" in c]
+        timed = [c for name in STEP_STAGES for c in self.data["stages"].get(name, {}).get("commands", []) if "result" in c]
         if timed:
             lines += ["", "| step | device | dtype | batch x length | median ms | examples/s | MFU (ceiling) | MFU (spec) "
                       "| peak GiB | compiled GiB |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -290,6 +366,11 @@ class Report:
                              f"{r['sequence_length']} | {1e3 * r['median_s']:.2f} | {r['examples_per_s']:.1f} | "
                              f"{100 * r['mfu_vs_ceiling']:.1f}% | {spec} | {gib(r['peak_device_bytes'])} | "
                              f"{gib(r['compiled_bytes'])} |")
+        lines += lever_lines([c for c in timed if c["label"].startswith("lever_")])
+        for c in timed:
+            if c["result"].get("profile"):
+                lines += ["", f"Profile of `{c['label']}` by op class (benchmarks.profile_table):", "",
+                          *profile_table.table_lines(c["result"]["profile"])]
         for name, e in self.data["stages"].items():
             lines += ["", f"## {name}: {e['status']}", ""]
             if "result" in e:
@@ -332,10 +413,12 @@ def run_commands(commands: list[Command], limit_s: float, env: dict) -> tuple[st
     return status, out
 
 
-def run_stage(stage: Stage, args, env: dict) -> dict:
+def run_stage(stage: Stage, args, env: dict, budget_left_s: float | None = None) -> dict:
     limit = args.stage_limits.get(stage.name, stage.limit_s * (args.limit_scale or 1.0))
+    if budget_left_s is not None:
+        limit = min(limit, budget_left_s)  # the call ends within its budget; what is cut runs next call
     started = time.monotonic()
-    entry: dict = {"limit_s": limit}
+    entry: dict = {"limit_s": limit, "estimate_s": stage.estimate_s}
     if stage.in_process is not None:
         try:
             entry["result"], entry["status"] = stage.in_process(args), "ok"
@@ -361,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the full step_time configs at batch 4 x 16 tokens: a CPU dry run of what the GPU runs")
     parser.add_argument("--data_dir", default=None, help="the data (default: $SENTEMB_DATA_DIR or ../shared/data)")
     parser.add_argument("--model", default=None, help="the MiniLM model directory (default: the shipped one)")
+    parser.add_argument("--budget_s", type=float, default=None,
+                        help="device seconds for this call (default 480, one 8-minute call; none with --quick): the "
+                             "stages that fit run, in value order, the rest are left for the next call with the same --out")
+    parser.add_argument("--redo", action="store_true", help="run the chosen stages again, those already ok too")
     args = parser.parse_args(argv)
     names = [s.name for s in STAGES]
     chosen = names if not args.stages else args.stages.split(",")
@@ -376,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--stage_limit {item}: expected STAGE=SECONDS, e.g. tests=90") from None
         if name not in names or args.stage_limits[name] <= 0:
             raise UsageError(f"--stage_limit {item}: expected a positive limit for one of {', '.join(names)}")
+    if args.budget_s is None and not args.quick:
+        args.budget_s = 480.0
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise UsageError(f"--budget_s {args.budget_s}: expected a positive number of seconds")
     if args.limit_scale is None and args.quick:
         args.limit_scale = 4.0  # toy sizes, but on a 2-core CPU shared with other work: compiles dominate
     # Before JAX starts a backend (here or in a stage's process): every process takes GPU memory as
@@ -391,11 +482,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["SENTEMB_DATA_DIR"] = args.data_dir
     report = Report(args.out, {"argv": ["python -m sentemb_jax.benchmarks.accelerator_report", *(argv or sys.argv[1:])],
                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
-    for stage in STAGES:
-        if stage.name in chosen:
-            entry = run_stage(stage, args, env)
-            report.add(stage.name, entry)
-            print(f"{stage.name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
+    done = {name for name, e in report.data["stages"].items() if e.get("status") == "ok"}
+    planned = plan(chosen, done, args.budget_s, args.redo)
+    print("\n".join(plan_lines(planned, args.budget_s)), flush=True)
+    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
+    for stage, when in planned:
+        left = None if deadline is None else deadline - time.monotonic()
+        if when == "done":
+            continue
+        if when == "next call" or (left is not None and left < 10):
+            report.add(stage.name, {"status": "left for the next call", "seconds": 0.0, "limit_s": 0.0,
+                                    "estimate_s": stage.estimate_s})
+            print(f"{stage.name}: left for the next call (run the same command again)", flush=True)
+            continue
+        entry = run_stage(stage, args, env, left)
+        report.add(stage.name, entry)
+        print(f"{stage.name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
     print(f"report: {os.path.join(args.out, 'report.md')}")
     return 0
 

@@ -2,7 +2,7 @@
 
     python -m sentemb_jax.benchmarks.step_time --gin_file gin/models/minilm_l6.gin --gin_file gin/runs/minilm_nli.gin \
         [--gin.KEY=VALUE ...] [--program train|cross_step|bi_step|ensemble_student] [--mesh DATA,FSDP,MODEL] \
-        [--device cpu|gpu|tpu] [--steps 20] [--warmup 3] [--xla_options NAME,...] [--json FILE]
+        [--device cpu|gpu|tpu] [--steps 20] [--warmup 3] [--xla_options NAME,...] [--profile DIR] [--json FILE]
 
 The step is the one the trainer runs: built by the run setup (training.setup.setup_run through
 benchmarks.aot, as the compile-only tools build it) - the gin file's mesh, tower, method, optimizer,
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from sentemb_jax import partitioning
-from sentemb_jax.benchmarks import aot
+from sentemb_jax.benchmarks import aot, profile_table
 from sentemb_jax.benchmarks.machine import device_description, matmul_ceiling, select_devices, spec_peak
 from sentemb_jax.errors import SentembError, UsageError
 from sentemb_jax.training.setup import Run
@@ -64,8 +64,12 @@ def matmul_dtype(run: Run) -> str:
     return str(np.dtype(dtype)) if not isinstance(dtype, str) else dtype
 
 
-def time_step(run: Run, steps: int, warmup: int) -> dict:
-    """Warm-up, then `steps` steps timed one at a time (median, spread); the step's compiled memory."""
+PROFILED_STEPS = 3
+
+
+def time_step(run: Run, steps: int, warmup: int, profile_dir: str | None = None) -> dict:
+    """Warm-up, then `steps` steps timed one at a time (median, spread); the step's compiled memory;
+    with `profile_dir`, PROFILED_STEPS more steps under the profiler, summarised by op class."""
     state = run.initial_state()
     host = run.random_batch(seed=0)
     batch = partitioning.shard_batch(host, run.mesh)
@@ -81,6 +85,15 @@ def time_step(run: Run, steps: int, warmup: int) -> dict:
             state, out = run.step_fn(state, batch, rng)
             jax.block_until_ready((state, out))
             times.append(time.perf_counter() - started)
+        profile = None
+        if profile_dir:
+            with jax.profiler.trace(profile_dir, create_perfetto_trace=True):
+                for _ in range(PROFILED_STEPS):
+                    state, out = run.step_fn(state, batch, rng)
+                jax.block_until_ready((state, out))
+            with open(os.path.join(profile_dir, profile_table.HLO_FILE), "w", encoding="utf-8") as f:
+                f.write(compiled.as_text())  # what the op classes read (and a later offline summary)
+            profile = profile_table.summarise(profile_dir, PROFILED_STEPS)
     loss = float(out["loss"])
     if not np.isfinite(loss):
         raise SentembError(f"the timed step's loss is {loss}: the numbers would be a broken step's")
@@ -91,12 +104,13 @@ def time_step(run: Run, steps: int, warmup: int) -> dict:
                              - getattr(memory, "alias_size_in_bytes", 0))
     stats = run.mesh.devices.flat[0].memory_stats() or {}
     return {"times": times, "loss": loss, "compiled_bytes": compiled_bytes,
-            "peak_bytes": stats.get("peak_bytes_in_use")}
+            "peak_bytes": stats.get("peak_bytes_in_use"), "profile": profile}
 
 
-def measure(program: str, gin_files: Sequence[str], bindings: Sequence[str], devices, steps: int, warmup: int) -> dict:
+def measure(program: str, gin_files: Sequence[str], bindings: Sequence[str], devices, steps: int, warmup: int,
+            profile_dir: str | None = None) -> dict:
     run, notes = build_run(program, gin_files, bindings, devices)
-    timed = time_step(run, steps, warmup)
+    timed = time_step(run, steps, warmup, profile_dir)
     prog = aot.program_of(run, " + ".join(gin_files), program, notes)
     data = run.config.data
     tokens = prog.tokens  # every side, padded length
@@ -118,7 +132,7 @@ def measure(program: str, gin_files: Sequence[str], bindings: Sequence[str], dev
         "mfu_vs_ceiling": flops / median / ceiling, "spec_peak_tflops": peak / 1e12 if peak else None,
         "mfu_vs_spec": flops / median / peak if peak else None,
         "peak_device_bytes": timed["peak_bytes"], "compiled_bytes": timed["compiled_bytes"], "loss": timed["loss"],
-        "notes": notes,
+        "notes": notes, "profile": timed["profile"],
     }
 
 
@@ -140,6 +154,8 @@ def report_lines(r: dict) -> list[str]:
         f"  memory: peak on device {_gib(r['peak_device_bytes'])}; compiler's memory_analysis {_gib(r['compiled_bytes'])}",
         *([f"  XLA options: {', '.join(r['xla_options'])} ({' '.join(r['xla_flags'])})"] if r.get("xla_options") else []),
         *(f"  note: {n}" for n in r["notes"]),
+        *(["  profile by op class:", *(f"  {line}" for line in profile_table.table_lines(r["profile"]))]
+          if r.get("profile") else []),
     ]
 
 
@@ -152,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the result as JSON to this file")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help=f"also trace {PROFILED_STEPS} steps into DIR and print them by op class (benchmarks.profile_table)")
     parser.add_argument("--xla_options", default="", help="named XLA GPU options, comma-separated (sentemb_jax.xla_options)")
     args, rest = parser.parse_known_args(argv)
     options = tuple(o for o in args.xla_options.split(",") if o)
@@ -171,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bindings += [f"sentemb_jax.MeshConfig.data = {data}", f"sentemb_jax.MeshConfig.fsdp = {fsdp}",
                      f"sentemb_jax.MeshConfig.model = {model}"]
     devices = select_devices(args.device)
-    result = {**measure(args.program, args.gin_file, bindings, devices, args.steps, args.warmup),
+    result = {**measure(args.program, args.gin_file, bindings, devices, args.steps, args.warmup, args.profile),
               "xla_options": list(options), "xla_flags": flags}
     print("\n".join(report_lines(result)))
     if args.json:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from sentemb_jax.models.common import (
     Dense,
+    Dropout,
     Embed,
     LayerNorm,
     MultiHeadAttention,
@@ -79,7 +80,7 @@ class BertEmbeddings(nn.Module):
         )
         x = x + embed(cfg.type_vocab_size, (None, "embed"), "token_type_embeddings")(token_type_ids)
         x = LayerNorm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name="layer_norm")(x)
-        return nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+        return Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
 
 
 class BertLayer(nn.Module):
@@ -90,7 +91,7 @@ class BertLayer(nn.Module):
     @nn.compact
     def __call__(self, x: Array, bias: Array):
         cfg = self.config
-        drop = lambda y: nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=self.deterministic)  # noqa: E731
+        drop = lambda y: Dropout(cfg.hidden_dropout_prob)(y, deterministic=self.deterministic)  # noqa: E731
         norm = lambda name: LayerNorm(cfg.layer_norm_eps, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
         attn = MultiHeadAttention(
             num_heads=cfg.num_attention_heads,

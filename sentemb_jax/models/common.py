@@ -91,6 +91,16 @@ def activation(name: str) -> Callable[[Array], Array]:
         raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}") from None
 
 
+class Dropout(nn.Dropout):
+    """flax's Dropout (the same module name, so the same masks) under the name scope 'dropout': its
+    random bits and masks are named so in the compiled program, which the profile's op classes read
+    (benchmarks.profile_table)."""
+
+    def __call__(self, inputs, deterministic: bool | None = None, rng=None):
+        with jax.named_scope("dropout"):
+            return super().__call__(inputs, deterministic=deterministic, rng=rng)
+
+
 def constrain_activations(x: Array) -> Array:
     """Shard [batch, length, embed] activations by the logical rules (a no-op without a mesh)."""
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -317,7 +327,12 @@ def attention(q: Array, k: Array, v: Array, bias: AttentionBias | None, scale: f
     a GPU backend, bf16 / fp16, no attention dropout), else written out. 'written_out': q.k in the
     activation dtype, then float32 - the form the TPU compiler builds for every shipped config
     (libtpu 0.0.42 crashes compiling jax.nn's float32-accumulating form for Sentence-T5 large)."""
-    bias = bias if bias is not None else AttentionBias()
+    with jax.named_scope("attention_core"):  # the profile's op class (benchmarks.profile_table)
+        return _attention(q, k, v, bias if bias is not None else AttentionBias(), scale, dropout, implementation)
+
+
+def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, dropout: Callable | None,
+               implementation: str | None) -> Array:
     implementation = fused_implementation(implementation, q.dtype, dropout is not None)
     if implementation is not None:
         padding_only = bias.kv_lengths is not None
@@ -379,7 +394,7 @@ class MultiHeadAttention(nn.Module):
         scale = self.head_dim ** -0.5 if self.scale_logits else 1.0
         dropout = None
         if self.dropout_rate > 0 and not self.deterministic:
-            dropout = lambda w: nn.Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
+            dropout = lambda w: Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
         out = attention(q, k, v, bias, scale, dropout, self.implementation).reshape(batch, q_len, inner)
         return dense(self.out_features or inputs_q.shape[-1], ("joined_kv", "embed"), "out")(out)
 

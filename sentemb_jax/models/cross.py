@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from sentemb_jax import pooling as pooling_ops
 from sentemb_jax.models import ModelConfig, build_model
-from sentemb_jax.models.common import Dense, gather_tokens, partitioned
+from sentemb_jax.models.common import Dense, Dropout, gather_tokens, partitioned
 
 Array = jax.Array
 
@@ -57,7 +57,7 @@ class CrossEncoderModule(nn.Module):
             raise ValueError(f"cross-encoder pooling {self.pooling!r}: choose from {CROSS_POOLING}")
         self.backbone = build_model(self.backbone_config)
         self.head = ClassifierHead(self.backbone_config.hidden_size, use_pooler=self.pooling == "pooler")
-        self.dropout = nn.Dropout(self.head_dropout)
+        self.dropout = Dropout(self.head_dropout)
 
     def __call__(self, input_ids: Array, attention_mask: Array | None, token_type_ids: Array | None = None,
                  deterministic: bool = True, packing: dict | None = None) -> Array:

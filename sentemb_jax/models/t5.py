@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from sentemb_jax.models.common import (
     Dense,
+    Dropout,
     Embed,
     MultiHeadAttention,
     RMSNorm,
@@ -143,7 +144,7 @@ class T5MLP(nn.Module):
         else:
             h = act(dense(cfg.d_ff, ("embed", "mlp"), "wi")(x))
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-        h = nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
+        h = Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         return dense(cfg.d_model, ("mlp", "embed"), "wo")(h)
 
 
@@ -171,7 +172,7 @@ class T5EncoderLayer(nn.Module):
     def __call__(self, x: Array, bias: Array):
         cfg = self.config
         norm = lambda name: RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
-        drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
+        drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
         h = norm("pre_attention_layer_norm")(x)
         x = x + drop(_attention(cfg, self.deterministic, "self_attention")(h, h, bias))
         h = norm("pre_mlp_layer_norm")(x)
@@ -188,7 +189,7 @@ class T5DecoderLayer(nn.Module):
     def __call__(self, x: Array, self_bias: Array, encoded: Array, cross_bias: Array, kv_index: Array | None = None):
         cfg = self.config
         norm = lambda name: RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name=name)  # noqa: E731
-        drop = lambda y: nn.Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
+        drop = lambda y: Dropout(cfg.dropout_rate)(y, deterministic=self.deterministic)  # noqa: E731
         h = norm("pre_self_attention_layer_norm")(x)
         x = x + drop(_attention(cfg, self.deterministic, "self_attention")(h, h, self_bias))
         h = norm("pre_cross_attention_layer_norm")(x)
@@ -207,7 +208,7 @@ class T5Encoder(nn.Module):
                  segment_ids: Array | None = None):
         cfg = self.config
         x = constrain_activations(self.shared(input_ids))
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         length = input_ids.shape[1]
         bias = RelativePositionBias(
             cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads, True,
@@ -222,7 +223,7 @@ class T5Encoder(nn.Module):
         embedded = x
         x, hidden = run(x, bias)
         x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="encoder_norm")(x)
-        x = nn.Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
         if output_hidden_states:
             # Like HF: embeddings, then each layer's output, the last one after the final norm.
             hidden = (embedded,) + hidden[:-1] + (x,)
@@ -239,7 +240,7 @@ class T5Decoder(nn.Module):
         """encoded_index: `encoded` is packed rows; [batch, width] flat indices of each row's tokens."""
         cfg = dataclasses.replace(self.config, dropout_rate=self.config.decoder_dropout)
         x = constrain_activations(self.shared(decoder_input_ids))
-        x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
+        x = Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         length = decoder_input_ids.shape[1]
         self_bias = RelativePositionBias(
             cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance, cfg.num_heads, False,
@@ -254,7 +255,7 @@ class T5Decoder(nn.Module):
         cross = (encoded, padding_bias(encoder_mask)) + (() if encoded_index is None else (encoded_index,))
         x, _ = run(x, self_bias, *cross)
         x = RMSNorm(cfg.layer_norm_epsilon, cfg.dtype, cfg.param_dtype, name="decoder_norm")(x)
-        return nn.Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
+        return Dropout(cfg.dropout_rate if cfg.dropout_final_states else 0.0)(x, deterministic=deterministic)
 
 
 class T5(nn.Module):
