@@ -18,6 +18,7 @@ from typing import Iterable
 from jax._src import xla_bridge  # backend_started: no public API says whether XLA's backend has started
 
 from sentemb_jax.errors import ConfigError
+from sentemb_jax.paths import is_remote
 
 # name -> (flags, with {run_dir} for the run's directory; what the option changes)
 GPU_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -50,6 +51,9 @@ def xla_flags(names: Iterable[str], run_dir: str | None = None, *, where: str = 
         if any("{run_dir}" in t for t in templates) and not run_dir:
             raise ConfigError(f"{where}: XLA option {name!r} keeps its files in the run directory, and this job has none "
                               "(set MODEL_DIR)")
+        if any("{run_dir}" in t for t in templates) and is_remote(run_dir):
+            raise ConfigError(f"{where}: XLA option {name!r} keeps its files in the run directory, and {run_dir} is not "
+                              "local (XLA writes the autotuning cache to a local path)")
         flags += [t.format(run_dir=os.path.abspath(os.path.expanduser(run_dir or ""))) for t in templates]
     return flags
 

@@ -62,5 +62,10 @@ def test_the_accelerator_product_is_the_bf16_rounding_of_the_exact_one():
     y = accelerator_product(x, w, b, dtype=jnp.bfloat16)
     assert y.dtype == jnp.bfloat16
     exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
-    # the product rounded to bf16, then the bias added in bf16: two roundings of 2^-8 relative
+    # the product rounded to bf16, the bias added in float32, the sum rounded: two roundings of 2^-8
     assert np.all(np.abs(np.asarray(y, np.float64) - exact) <= 2 * 2.0 ** -8 * (np.abs(exact) + np.abs(np.asarray(b))) + 1e-6)
+    # the bias gradient is a float32 sum over the rows (the bias added in float32)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda b: accelerator_product(x, w, b, dtype=jnp.bfloat16).astype(jnp.float32).sum()))(
+        b.astype(jnp.float32))
+    sums = [e for e in jaxpr.eqns if e.primitive.name == "reduce_sum"]
+    assert sums and all(e.invars[0].aval.dtype == jnp.float32 for e in sums)

@@ -192,3 +192,21 @@ def test_the_profile_table_sorts_a_cpu_trace_into_op_classes(tmp_path):
     assert profile_table.op_class({"name": "input_reduce_fusion"}) == "elementwise"
     with pytest.raises(DataError, match="no \\*.trace.json.gz"):
         profile_table.summarise(str(tmp_path / "empty"))
+
+
+def test_a_stage_cut_short_keeps_its_finished_commands_and_never_reads_old_figures(tmp_path):
+    """A call after a stage was cut: its commands already ok are kept, not run again; the others run,
+    and a JSON left by an earlier call is removed before its command runs (a failing command then
+    has no figures)."""
+    from sentemb_jax.benchmarks import accelerator_report as ar
+
+    done = tmp_path / "done.json"
+    stale = tmp_path / "stale.json"
+    stale.write_text('{"median_s": 1.0}')
+    commands = [ar.Command("first", [sys.executable, "-c", "raise SystemExit(3)"], str(done)),
+                ar.Command("second", [sys.executable, "-c", "raise SystemExit(4)"], str(stale))]
+    earlier = [{"label": "first", "status": "ok", "seconds": 1.0, "returncode": 0, "output_tail": "", "result": {"x": 1}}]
+    status, out = ar.run_commands(commands, 60, dict(os.environ), earlier)
+    assert out[0] == earlier[0]  # kept: its command (which would fail now) did not run
+    assert out[1]["status"] == "failed" and out[1]["returncode"] == 4 and "result" not in out[1]
+    assert status == "failed" and not stale.exists()

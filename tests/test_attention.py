@@ -104,6 +104,8 @@ def test_the_default_picks_cudnn_only_on_a_gpu_in_half_precision_without_dropout
     assert pick("xla", jnp.float32, False) == "xla" and pick("written_out", jnp.bfloat16, False) is None
     assert pick("cudnn", jnp.bfloat16, True) is None  # jax.nn's function has no dropout
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert pick(None, jnp.bfloat16, False) is None  # a GPU backend that is not CUDA's (ROCm): no cuDNN
+    monkeypatch.setattr(common, "cuda_backend", lambda: True)
     assert pick(None, jnp.bfloat16, False) == pick(None, jnp.float16, False) == "cudnn"
     assert pick(None, jnp.float32, False) is None and pick(None, jnp.bfloat16, True) is None
     with pytest.raises(ValueError, match="attention implementation 'flash'"):

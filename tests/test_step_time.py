@@ -100,3 +100,18 @@ def test_a_run_without_a_generator_draws_rbg_on_gpus_and_threefry_elsewhere():
     assert setup.prng_impl_of(config, [tpu]) == setup.prng_impl_of(config, [cpu]) == "threefry2x32"
     assert setup.prng_impl_of(config) == "threefry2x32"  # this machine's devices: CPUs
     assert setup.prng_impl_of(config.replace(prng_impl="threefry2x32"), [gpu]) == "threefry2x32"  # said: kept
+
+
+def test_the_run_record_keeps_the_generator_a_platform_default_chose():
+    """A run that names no generator records None where it draws the process's own (as before the
+    platform defaults), 'rbg' where a GPU chose it: resuming across the two is a changed config."""
+    import types
+
+    from sentemb_jax.training import setup
+    from sentemb_jax.training.config import RunConfig
+
+    config = RunConfig(model_dir="/unused", num_steps=1)
+    gpu, cpu = types.SimpleNamespace(platform="gpu"), types.SimpleNamespace(platform="cpu")
+    assert setup.recorded_prng_impl(config, [cpu]) is None
+    assert setup.recorded_prng_impl(config, [gpu]) == "rbg"
+    assert setup.recorded_prng_impl(config.replace(prng_impl="threefry2x32"), [cpu]) == "threefry2x32"

@@ -32,6 +32,11 @@ def test_bad_names_are_one_line_naming_the_binding(names, message):
     assert str(e.value) == message
 
 
+def test_the_autotuning_cache_wants_a_local_run_directory():
+    with pytest.raises(ConfigError, match="gs://b/run is not local"):
+        xla_flags(["autotune_cache"], "gs://b/run", where="x")
+
+
 def test_every_option_is_a_flag_this_xla_accepts(tmp_path):
     """XLA aborts a process on a flag it does not know: a fresh Python starts its backend under all of
     them and runs a product (the CPU build parses the GPU options and ignores them)."""

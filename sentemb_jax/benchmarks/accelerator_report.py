@@ -37,18 +37,14 @@ from typing import Callable, Sequence
 import jax
 
 from sentemb_jax.benchmarks import machine, profile_table
+from sentemb_jax.benchmarks.report_steps import LEVERS, step_time_configs
 from sentemb_jax.errors import ConfigError, SentembError, UsageError
+from sentemb_jax.models.common import cuda_backend
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
             "torch", "transformers", "sentence-transformers", "tokenizers", "safetensors", "gin-config", "tensorboardX",
             "tensorflow", "seqio", "pytest")
 PY = sys.executable
-SMALL = ["--gin.sentemb_jax.DataConfig.batch_size=8", "--gin.sentemb_jax.DataConfig.sequence_length=16",
-         "--gin.sentemb_jax.DataConfig.pack=False"]
-TINY_T5 = ["--gin_file", "gin/models/t5_tiny_scratch.gin", "--gin_file", "gin/runs/tiny_t5_scratch.gin"]
-BF16 = "--gin.sentemb_jax.TowerConfig.config_overrides={'dtype': 'bfloat16'}"
-
-
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One process of a stage: its label, argv, and the JSON file it writes (read into the report)."""
@@ -80,7 +76,10 @@ def environment(args) -> dict:
     out = {"python": platform.python_version(), "platform": platform.platform(),
            "packages": {p: _version(p) for p in PACKAGES},
            "jax_backend": jax.default_backend(), "jax_devices": [str(d) for d in jax.devices()],
-           "device_kind": jax.devices()[0].device_kind, "cpu_count": os.cpu_count()}
+           "device_kind": jax.devices()[0].device_kind, "cpu_count": os.cpu_count(),
+           # what models.common.cuda_backend reads to pick cuDNN's attention by default
+           "platform_version": str(getattr(jax.devices()[0].client, "platform_version", "")),
+           "cuda_backend": cuda_backend()}
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
@@ -136,63 +135,6 @@ def tests(args) -> list[Command]:
     files = ["tests/test_attention.py"] if args.quick else \
         ["tests/test_attention.py", "tests/test_loop_sync.py", "tests/test_t5_parity.py", "tests/test_bert_parity.py"]
     return [Command("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files])]
-
-
-MINILM = ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/minilm_nli.gin"]
-STUDENT = ["--gin_file", "gin/models/minilm_student.gin"]
-ONE = ["--mesh", "1,1,1"]
-T5_BASE = ["--gin_file", "gin/st5_base.gin", *ONE, "--gin.sentemb_jax.DataConfig.batch_size=256"]  # the recipe's batch
-# The levers' A/B: T5-base at the recipe's batch and length cut to two encoder layers and one decoder
-# layer, so that each variant compiles in seconds, not the full model's two minutes.
-T5_BASE_TWO_LAYERS = [*T5_BASE, "--gin.sentemb_jax.TowerConfig.config_overrides={'num_layers': 2, 'num_decoder_layers': 1}"]
-# (label, bindings or step_time flags, what it turns off or on against the defaults)
-LEVERS = [
-    ("defaults", [], "every lever as shipped: rbg dropout bits on GPUs, one encoder call, bf16 products"),
-    ("threefry", ["--gin.sentemb_jax.RunConfig.prng_impl='threefry2x32'"], "dropout bits from threefry"),
-    ("per_side_calls", ["--gin.sentemb_jax.Contrastive.single_call=False"], "one encoder call per side"),
-    *((f"xla_{name}", [f"--xla_options={name}"], f"XLA option {name}") for name in
-      ("autotune_cache", "command_buffers_off", "triton_gemm_off", "cublaslt")),
-]
-
-
-def step_time_configs(quick: bool, stage: str = "methods") -> list[tuple[str, list[str], str]]:
-    """(label, step_time arguments, program) of a stage: 't5_base' (Sentence-T5 Base at the recipe's
-    shapes), 'levers' (each lever's A/B on two-layer T5-base), 'methods' (MiniLM, T5-large and
-    every method's step)."""
-    if quick:
-        tiny = TINY_T5 + SMALL
-        return {"t5_base": [("t5_tiny_contrastive", tiny, "train")],
-                "levers": [(f"lever_{label}", tiny + extra, "train") for label, extra, _ in LEVERS[:3]],
-                "xla_options": [],
-                "methods": [("t5_tiny_gradcache", tiny + ["--gin.sentemb_jax.Contrastive.chunk_size=4",
-                                                          "--gin.sentemb_jax.Contrastive.gradcache=True"], "train")]}[stage]
-    if stage == "t5_base":
-        return [("t5_base_bf16", T5_BASE, "train")]
-    if stage in ("levers", "xla_options"):
-        chosen = [lever for lever in LEVERS if (lever[0].startswith("xla_")) == (stage == "xla_options")]
-        return [(f"lever_{label}", T5_BASE_TWO_LAYERS + extra, "train") for label, extra, _ in chosen]
-    return [
-        ("minilm_bf16_batch256", MINILM + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256",
-                                           "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
-        # cuDNN's fused attention has no dropout: attention dropout off in this row.
-        ("minilm_bf16_cudnn_attention", MINILM + ["--gin.sentemb_jax.DataConfig.batch_size=256",
-                                                  "--gin.sentemb_jax.DataConfig.pack=False",
-                                                  "--gin.sentemb_jax.TowerConfig.config_overrides={'dtype': 'bfloat16', "
-                                                  "'attention_implementation': 'cudnn', 'attention_probs_dropout_prob': 0.0}"],
-         "train"),
-        ("minilm_fp32_batch256", MINILM + ["--gin.sentemb_jax.DataConfig.batch_size=256",
-                                           "--gin.sentemb_jax.DataConfig.pack=False"], "train"),
-        ("t5_large_bf16", ["--gin_file", "gin/st5_large.gin", *ONE, "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
-        ("minilm_gradcache", MINILM + [BF16, "--gin.sentemb_jax.DataConfig.batch_size=256", "--gin.sentemb_jax.DataConfig.pack=False",
-                                       "--gin.sentemb_jax.Contrastive.chunk_size=64", "--gin.sentemb_jax.Contrastive.gradcache=True"], "train"),
-        ("congen", STUDENT + ["--gin_file", "gin/runs/congen_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
-        ("sct", STUDENT + ["--gin_file", "gin/runs/sct_cpu.gin", "--gin.sentemb_jax.DataConfig.batch_size=128"], "train"),
-        ("trans_encoder_cross", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
-         "cross_step"),
-        ("trans_encoder_bi", ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/trans_encoder_sts_cpu.gin"],
-         "bi_step"),
-        ("ensemble_student", STUDENT + ["--gin_file", "gin/runs/ensemble_distill_cpu.gin"], "ensemble_student"),
-    ]
 
 
 def model_bindings(gin_args: list[str], model: str | None) -> list[str]:
@@ -268,9 +210,9 @@ STAGES = (
     Stage("levers", 150, 75, "the step's levers' A/B on two-layer T5-base at the recipe's batch",
           commands=lambda args: step_time(args, "levers")),
     Stage("tests", 100, 70, "the device-relevant tests", commands=tests),
-    Stage("xla_options", 180, 100, "each XLA GPU option's A/B on the same two-layer T5-base",
+    Stage("xla_options", 150, 75, "XLA's command buffers, Triton GEMM and cuBLASLt, each A/B on the same model",
           commands=lambda args: step_time(args, "xla_options")),
-    Stage("methods", 600, 420, "MiniLM, T5-large and every method's step", commands=step_time),
+    Stage("methods", 900, 700, "MiniLM, T5-large and every method's step (over two calls)", commands=step_time),
     Stage("default_job", 120, 100, "the default job, shortened, end to end with its STS table", commands=default_job),
 )
 
@@ -304,12 +246,12 @@ STEP_STAGES = ("t5_base", "levers", "xla_options", "methods")
 
 
 def lever_lines(levers: list[dict]) -> list[str]:
-    """Each lever's A/B: its step against the defaults' step, in ms (positive: the lever saves that)."""
+    """Each lever's A/B: its step against the defaults' step, in ms (negative: that variant is faster)."""
     base = next((c["result"]["median_s"] for c in levers if c["label"] == "lever_defaults"), None)
     if base is None or len(levers) < 2:
         return []
     what = {f"lever_{label}": text for label, _, text in LEVERS}
-    lines = ["", "| lever A/B (two-layer T5-base) | step ms | against the defaults |", "|---|---:|---:|"]
+    lines = ["", "| lever A/B (two-layer T5-base) | step ms | against the defaults (negative: faster) |", "|---|---:|---:|"]
     for c in levers:
         ms = 1e3 * c["result"]["median_s"]
         lines.append(f"| {what.get(c['label'], c['label'])} | {ms:.2f} | {ms - 1e3 * base:+.2f} ms |")
@@ -381,11 +323,19 @@ class Report:
         return "\n".join(lines) + "\n"
 
 
-def run_commands(commands: list[Command], limit_s: float, env: dict) -> tuple[str, list[dict]]:
+def run_commands(commands: list[Command], limit_s: float, env: dict, earlier: list[dict] | None = None) -> tuple[str, list[dict]]:
     """The stage's commands one after another within its limit; a command past the remaining time
-    is killed (its process group) and recorded as timed out, the ones after it as not run."""
+    is killed (its process group) and recorded as timed out, the ones after it as not run. A
+    command already ok in `earlier` (the stage's entry from a call before) is kept, not run again:
+    a stage larger than one call finishes over several."""
     started, out, status = time.monotonic(), [], "ok"
+    done = {e["label"]: e for e in earlier or [] if e.get("status") == "ok"}
     for c in commands:
+        if c.label in done:
+            out.append(done[c.label])
+            continue
+        if c.json_file and os.path.exists(c.json_file):
+            os.remove(c.json_file)  # an earlier call's figures must not pass for this command's
         left = limit_s - (time.monotonic() - started)
         if left <= 1:
             out.append({"label": c.label, "status": "not run (stage limit)", "seconds": 0.0, "returncode": None,
@@ -413,7 +363,7 @@ def run_commands(commands: list[Command], limit_s: float, env: dict) -> tuple[st
     return status, out
 
 
-def run_stage(stage: Stage, args, env: dict, budget_left_s: float | None = None) -> dict:
+def run_stage(stage: Stage, args, env: dict, budget_left_s: float | None = None, earlier: dict | None = None) -> dict:
     limit = args.stage_limits.get(stage.name, stage.limit_s * (args.limit_scale or 1.0))
     if budget_left_s is not None:
         limit = min(limit, budget_left_s)  # the call ends within its budget; what is cut runs next call
@@ -425,7 +375,8 @@ def run_stage(stage: Stage, args, env: dict, budget_left_s: float | None = None)
         except Exception as e:  # recorded, and the next stage runs
             entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"
     else:
-        entry["status"], entry["commands"] = run_commands(stage.commands(args), limit, env)
+        entry["status"], entry["commands"] = run_commands(stage.commands(args), limit, env,
+                                                          None if args.redo else (earlier or {}).get("commands"))
     entry["seconds"] = time.monotonic() - started
     return entry
 
@@ -482,7 +433,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["SENTEMB_DATA_DIR"] = args.data_dir
     report = Report(args.out, {"argv": ["python -m sentemb_jax.benchmarks.accelerator_report", *(argv or sys.argv[1:])],
                                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
-    done = {name for name, e in report.data["stages"].items() if e.get("status") == "ok"}
+    # ok and failed stages are done (a failure is the stage's answer; --redo runs it again); a
+    # stage cut by a limit or left for this call runs, keeping the commands it finished before
+    done = {name for name, e in report.data["stages"].items() if e.get("status") in ("ok", "failed")}
     planned = plan(chosen, done, args.budget_s, args.redo)
     print("\n".join(plan_lines(planned, args.budget_s)), flush=True)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
@@ -490,12 +443,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = None if deadline is None else deadline - time.monotonic()
         if when == "done":
             continue
+        earlier = report.data["stages"].get(stage.name)
         if when == "next call" or (left is not None and left < 10):
-            report.add(stage.name, {"status": "left for the next call", "seconds": 0.0, "limit_s": 0.0,
-                                    "estimate_s": stage.estimate_s})
+            if earlier is None:  # an entry from a call before keeps its figures
+                report.add(stage.name, {"status": "left for the next call", "seconds": 0.0, "limit_s": 0.0,
+                                        "estimate_s": stage.estimate_s})
             print(f"{stage.name}: left for the next call (run the same command again)", flush=True)
             continue
-        entry = run_stage(stage, args, env, left)
+        entry = run_stage(stage, args, env, left, earlier)
         report.add(stage.name, entry)
         print(f"{stage.name}: {entry['status']} in {entry['seconds']:.1f} s", flush=True)
     print(f"report: {os.path.join(args.out, 'report.md')}")

@@ -181,7 +181,7 @@ class CrossEncoderPhase(Method):
         return {"input_ids": ids, "attention_mask": ids, "labels": jax.ShapeDtypeStruct((batch_size,), jnp.float32)}
 
     def model_batch(self, batch: dict) -> dict:
-        return batch
+        return {k: x for k, x in batch.items() if k != PAIR_ROWS}
 
     def step(self, state, batch, rng, *, module, optimizer):
         return cross_step(state, batch, rng, module=module, optimizer=optimizer, loss=self.loss)
@@ -213,6 +213,7 @@ class BiEncoderPhase(Method):
 # runs cycles of them is sentemb_jax.jobs.trans_encoder).
 
 SCHEDULES = ("refresh", "sequential")
+PAIR_ROWS = "pair_rows"  # a phase batch's example indices: what describe() names; not a step input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +308,6 @@ class PairBatches:
         self.per_epoch = math.ceil(len(examples) / batch_size)
         self.position = 0
         self._order: tuple[int, np.ndarray] | None = None
-        self._rows = np.zeros(0, np.int64)
 
     def __iter__(self):
         return self
@@ -316,9 +316,9 @@ class PairBatches:
         epoch, b = divmod(self.position, self.per_epoch)
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, np.random.default_rng(self.seed + epoch).permutation(len(self.examples)))
-        self._rows = self._order[1][b * self.batch_size : (b + 1) * self.batch_size]
+        rows = self._order[1][b * self.batch_size : (b + 1) * self.batch_size]
         self.position += 1
-        return {**self.features([self.examples[i] for i in self._rows]), "labels": self.labels[self._rows]}
+        return {**self.features([self.examples[i] for i in rows]), "labels": self.labels[rows], PAIR_ROWS: rows}
 
     def state_dict(self) -> dict:
         return {"position": self.position}
@@ -327,7 +327,9 @@ class PairBatches:
         self.position = int(state["position"])
 
     def describe(self, batch) -> str:
-        return f"{self.name}, pairs {self._rows[:8].tolist()}" + (" ..." if len(self._rows) > 8 else "")
+        """The pairs of `batch` (its own rows: the loop's input thread may have taken later batches)."""
+        rows = np.asarray(batch[PAIR_ROWS])
+        return f"{self.name}, pairs {rows[:8].tolist()}" + (" ..." if len(rows) > 8 else "")
 
 
 def fit_phase(name: str, out_dir: str, model, method: Method, examples: list, labels: np.ndarray, features: Callable,

@@ -146,8 +146,9 @@ def dense_product(x: Array, kernel: Array, bias: Array | None, dtype: DType) -> 
     """x @ kernel (+ bias) in `dtype`, with the float32 result only where it pays: on the CPU a
     low-precision product is accumulated and returned in float32 (accumulated_dot: XLA:CPU's bf16
     units need it), the bias added in float32, then rounded once; on GPUs and TPUs, which accumulate
-    a bf16 product in float32 inside the matrix unit, the product is returned in bf16 and the bias
-    added in bf16 - no float32 [tokens, features] tensor written and converted back per layer. The
+    a bf16 product in float32 inside the matrix unit, the product is returned in bf16 (a bias added
+    in float32 within the same fusion) - no float32 [tokens, features] product written and converted
+    back per layer. The
     platform is the one the program is lowered for (lax.platform_dependent: a TPU compile from a
     CPU host gets the TPU form)."""
     if x.dtype == jnp.float32:
@@ -165,9 +166,10 @@ def _cpu_product(x: Array, kernel: Array, *bias: Array, dtype: DType) -> Array:
 
 def accelerator_product(x: Array, kernel: Array, *bias: Array, dtype: DType) -> Array:
     """dense_product on a GPU or TPU: the product in the operands' dtype (accumulated in float32 by
-    the matrix unit), the bias added in it."""
+    the matrix unit); a bias is added in float32 and the sum rounded once (an elementwise fusion,
+    no float32 tensor written), so the bias gradient is a float32 sum over the tokens."""
     y = jnp.dot(x, kernel)
-    return (y + bias[0].astype(y.dtype) if bias else y).astype(dtype)
+    return (y.astype(jnp.float32) + bias[0].astype(jnp.float32) if bias else y).astype(dtype)
 
 
 class Dense(nn.Module):
@@ -306,16 +308,24 @@ def fused_implementation(implementation: str | None, dtype, has_dropout: bool) -
     """The jax.nn.dot_product_attention implementation to run, or None for the written-out form.
     None (the default) picks cuDNN's fused kernel when this process's default backend is a GPU, the
     activations are bf16 / fp16 (cuDNN's kernel has no float32) and attention has no dropout (it
-    has none either); otherwise written out. The backend is the process's, read while tracing: a
-    TPU program compiled ahead of time from a CPU host gets the written-out form, as on a TPU."""
+    has none either); otherwise written out. The backend is the process's (CUDA only), read while
+    tracing: a TPU program compiled ahead of time from a CPU host gets the written-out form, as on a
+    TPU; one compiled for TPUs on a GPU host should name attention_implementation='written_out'."""
     if implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {implementation!r}: want one of {ATTENTION_IMPLEMENTATIONS}")
     if has_dropout or implementation == "written_out":
         return None
     if implementation is None:
-        fusable = jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+        fusable = jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and cuda_backend()
         return "cudnn" if fusable else None
     return implementation
+
+
+def cuda_backend() -> bool:
+    """Whether this process's default backend is an NVIDIA GPU's (ROCm's GPUs have no cuDNN)."""
+    if jax.default_backend() != "gpu":
+        return False
+    return "cuda" in str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
 
 
 def attention(q: Array, k: Array, v: Array, bias: AttentionBias | None, scale: float, dropout: Callable | None,
@@ -336,7 +346,8 @@ def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, 
     implementation = fused_implementation(implementation, q.dtype, dropout is not None)
     if implementation is not None:
         padding_only = bias.kv_lengths is not None
-        return jax.nn.dot_product_attention(q, k, v, bias=bias.bias, mask=None if padding_only else bias.mask, scale=scale,
+        logit_bias = None if bias.bias is None else bias.bias.astype(q.dtype)  # cuDNN takes q's dtype
+        return jax.nn.dot_product_attention(q, k, v, bias=logit_bias, mask=None if padding_only else bias.mask, scale=scale,
                                             key_value_seq_lengths=bias.kv_lengths if padding_only else None,
                                             implementation=implementation)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale

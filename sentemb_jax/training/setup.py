@@ -180,6 +180,15 @@ def prng_impl_of(config: RunConfig, devices=None) -> str:
     return PLATFORM_PRNG_IMPLS.get(platform, PROCESS_PRNG_IMPL)
 
 
+def recorded_prng_impl(config: RunConfig, devices=None) -> str | None:
+    """The generator as the run record keeps it: None where the config names none and the run draws
+    the process's own (as records before the platform defaults had it), else the one it draws -
+    so a run started on a CPU and resumed on a GPU (or the reverse) is refused as a changed
+    configuration instead of switching generators silently."""
+    impl = prng_impl_of(config, devices)
+    return None if config.prng_impl is None and impl == PROCESS_PRNG_IMPL else impl
+
+
 def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, devices=None, abstract: bool = False) -> Run:
     """Build the run's program: the mesh (MeshConfig; a mesh that does not fit the devices is a
     ConfigError before anything compiles), the tower (TowerConfig, or the job's `model`), the

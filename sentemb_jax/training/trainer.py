@@ -67,7 +67,7 @@ from sentemb_jax.training.loop import (
     run_loop,
 )
 from sentemb_jax.training.method import Method
-from sentemb_jax.training.setup import Run, setup_run
+from sentemb_jax.training.setup import Run, recorded_prng_impl, setup_run
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,8 @@ def _run_record(run: Run) -> dict:
     data = config.data
     return run_record.operative_config(
         model=model, task=data.task if run.task else None, batch_size=data.batch_size, sequence_length=data.sequence_length,
-        seed=data.seed, pack=data.pack, fixed_padding=run.fixed_padding, prng_impl=config.prng_impl,
+        seed=data.seed, pack=data.pack, fixed_padding=run.fixed_padding,
+        prng_impl=recorded_prng_impl(config, list(run.mesh.devices.flat)),
         data_options=record_of(data.task_options()) if run.task else None, input_route=data.route if run.task else None,
         method=run.method.record(),
         data_files=run.batches.data_files() if run.task else [])
