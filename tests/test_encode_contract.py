@@ -147,7 +147,13 @@ def test_one_text_cannot_set_int8_ranges(ours, st):
     for model in (ours, st):
         with pytest.raises(ValueError, match="single embedding"):
             model.encode("one sentence", precision="int8")
-    np.testing.assert_array_equal(ours.encode("one sentence", precision="ubinary"), st.encode("one sentence", precision="ubinary"))
+    # ubinary is the sign of each component: equal wherever the sign is decided. A component within
+    # float32 round-off of 0 (all-MiniLM-L6-v2 gives "one sentence" one of -3.3e-9) takes either
+    # sign with the machine's summation order, torch's and XLA's alike.
+    decided = (np.abs(ours.encode("one sentence")) > 1e-6) & (np.abs(st.encode("one sentence")) > 1e-6)
+    assert decided.sum() >= 380
+    bits = [np.unpackbits(m.encode("one sentence", precision="ubinary")) for m in (ours, st)]
+    np.testing.assert_array_equal(bits[0][decided], bits[1][decided])
 
 
 def test_prompts(minilm_dir, sentences):
