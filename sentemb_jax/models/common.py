@@ -148,19 +148,17 @@ def dense_product(x: Array, kernel: Array, bias: Array | None, dtype: DType) -> 
     units need it), the bias added in float32, then rounded once; on GPUs and TPUs, which accumulate
     a bf16 product in float32 inside the matrix unit, the product is returned in bf16 (a bias added
     in float32 within the same fusion) - no float32 [tokens, features] product written and converted
-    back per layer. The
-    platform is the one the program is lowered for (lax.platform_dependent: a TPU compile from a
-    CPU host gets the TPU form)."""
-    if x.dtype == jnp.float32:
-        y = jnp.dot(x, kernel)
-        return (y if bias is None else y + bias.astype(jnp.float32)).astype(dtype)
+    back per layer. The platform is the one the program is lowered for (lax.platform_dependent: a
+    TPU compile from a CPU host gets the TPU form); float32 products are the same everywhere."""
     bias = () if bias is None else (bias,)
+    if x.dtype == jnp.float32:
+        return _cpu_product(x, kernel, *bias, dtype=dtype)
     return jax.lax.platform_dependent(x, kernel, *bias, cpu=functools.partial(_cpu_product, dtype=dtype),
                                       default=functools.partial(accelerator_product, dtype=dtype))
 
 
 def _cpu_product(x: Array, kernel: Array, *bias: Array, dtype: DType) -> Array:
-    y = _low_precision_dot(x, kernel)
+    y = accumulated_dot(x, kernel)
     return (y + bias[0].astype(jnp.float32) if bias else y).astype(dtype)
 
 
