@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sentemb_jax.models import T5Config
+from sentemb_jax.benchmarks import hlo
+from sentemb_jax.models import T5Config, common
 from sentemb_jax.models.common import accelerator_product
 from sentemb_jax.models.sentence import SentenceEmbedder
 
@@ -69,3 +70,40 @@ def test_the_accelerator_product_is_the_bf16_rounding_of_the_exact_one():
         b.astype(jnp.float32))
     sums = [e for e in jaxpr.eqns if e.primitive.name == "reduce_sum"]
     assert sums and all(e.invars[0].aval.dtype == jnp.float32 for e in sums)
+
+
+def _length_major_attention(q, k, v, bias, scale, dropout, implementation):
+    """The written-out attention as it was: each einsum over [batch, length, heads, dim] operands."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    if bias.bias is not None:
+        logits = logits + bias.bias
+    if bias.mask is not None:
+        logits = jnp.where(bias.mask, logits, common.MASK_LOGIT)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1).astype(v.dtype), v)
+
+
+def _t5_gradient_program():
+    cfg = T5Config(vocab_size=64, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=1, num_heads=4,
+                   relative_attention_num_buckets=8, dropout_rate=0.0, dtype="bfloat16")
+    module = SentenceEmbedder(cfg, pooling=("mean",))
+    ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (8, 32)), jnp.int32)
+    params = nn.meta.unbox(module.init(jax.random.PRNGKey(0), ids, ids)["params"])
+    return jax.jit(jax.grad(lambda p: jnp.sum(module.apply({"params": p}, ids, ids).astype(jnp.float32)))), params
+
+
+def test_heads_major_attention_moves_less_data_around_its_dots(monkeypatch):
+    """The written-out attention puts q, k and v heads-major before its dots (batch axes leading in
+    both operands): the compiled CPU program of a 2-layer bf16 T5 gradient writes fewer layout
+    changes to memory than the length-major einsums did (41 -> 37, 2.05 -> 1.79 MB as measured),
+    with the same gradients. The TPU compiler absorbs either layout (tests/test_tpu_compile.py)."""
+    grad, params = _t5_gradient_program()
+    heads_major = grad.lower(params).compile()
+    with monkeypatch.context() as m:
+        m.setattr(common, "_attention", lambda q, k, v, bias, scale, dropout, impl: _length_major_attention(
+            q, k, v, bias, scale, dropout, impl))
+        length_major = _t5_gradient_program()[0].lower(params).compile()  # a new function: traced anew
+    new, old = (hlo.layout_moves(c.as_text()) for c in (heads_major, length_major))
+    assert new["count"] < old["count"] and new["bytes"] <= 0.9 * old["bytes"], (new, old)
+    for a, b in zip(jax.tree_util.tree_leaves(heads_major(params)), jax.tree_util.tree_leaves(length_major(params))):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)  # bf16 sums in another order: a rounding apart
+        assert np.max(np.abs(a - b)) <= 2.0 ** -7 * np.max(np.abs(b)) + 1e-6

@@ -427,6 +427,37 @@ def matmul_breakdown(text: str) -> list[dict]:
     return sorted(out, key=lambda r: -r["total"])
 
 
+# Opcodes that only move or re-type data: a fusion of nothing else, with a transpose or copy in
+# it, is a layout change written to memory (the cost that layouts matching the dots avoid).
+_MOVES_ONLY = {"parameter", "transpose", "copy", "bitcast", "convert", "reshape", "broadcast", "constant", "slice",
+               "tuple", "get-tuple-element"}
+
+
+def layout_moves(text: str) -> dict:
+    """The layout changes of a compiled module that are written to memory: top-level transposes and
+    copies, and fusions made of data moves only (with a transpose or copy) - {'count', 'bytes'},
+    loops counted trip-count times. A transpose XLA folds into a dot or a compute fusion is free
+    and not counted."""
+    comps = parse_module(text)
+    mult, _ = multiplicities(comps)
+    fused = {callee for comp in comps.values() for inst in comp.instructions if inst.opcode == "fusion"
+             for role, callee in _callees(inst) if role == "calls"}
+    count = moved = 0.0
+    for comp in comps.values():
+        if comp.name in fused or not mult.get(comp.name):
+            continue
+        for inst in comp.instructions:
+            if inst.opcode == "fusion":
+                body = {i.opcode for role, c in _callees(inst) if role == "calls" for i in comps[c].instructions}
+                if not (body <= _MOVES_ONLY and body & {"transpose", "copy"}):
+                    continue
+            elif inst.opcode not in ("transpose", "copy"):
+                continue
+            count += mult[comp.name]
+            moved += mult[comp.name] * shape_bytes(inst.shape)
+    return {"count": int(count), "bytes": int(moved)}
+
+
 def op_group(op_name: str) -> str:
     """'jit(f)/transpose(jvp(M))/backbone.encode/encoder/layers_3/mlp/wi/dot_general' ->
     'backward: encoder/layers_N/mlp/wi' (forward / backward / rematerialised forward)."""

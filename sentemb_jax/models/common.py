@@ -348,7 +348,12 @@ def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, 
         return jax.nn.dot_product_attention(q, k, v, bias=logit_bias, mask=None if padding_only else bias.mask, scale=scale,
                                             key_value_seq_lengths=bias.kv_lengths if padding_only else None,
                                             implementation=implementation)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    # heads-major before the dots: each einsum's batch axes (b, h) lead in both operands, so the
+    # transposes are made once, next to the projections, not inside every dot's forward and backward
+    # (compiled CPU program of a 2-layer T5 gradient: 41 -> 37 layout changes, 2.05 -> 1.79 MB written;
+    # tests/test_accelerator_lowering.py). The fused kernels take [batch, length, heads, dim] as is.
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * scale
     if bias.bias is not None:
         logits = logits + bias.bias
     if bias.mask is not None:
@@ -356,7 +361,7 @@ def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, 
     weights = jax.nn.softmax(logits, axis=-1)
     if dropout is not None:
         weights = dropout(weights)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+    return jnp.einsum("bhqk,bhkd->bqhd", weights.astype(v.dtype), v)
 
 
 class MultiHeadAttention(nn.Module):
