@@ -29,10 +29,14 @@ from sentemb_jax.checkpoint_checks import staged_save
 from sentemb_jax.errors import CheckpointError, ConfigError
 from sentemb_jax.inference import (
     DeviceParams,
+    chunk_texts,
+    collect,
     compile_instead_of_run,
+    default_batch_size,
+    dispatch_length_sorted,
+    dispatch_packed,
     params_for_compute,
-    run_length_sorted,
-    run_packed,
+    run_pipelined,
     shared_programs,
     warm_up_lengths,
 )
@@ -114,6 +118,10 @@ class SentenceEncoder(contract.ModelSettings):
         # the padded path's embeddings within 1e-5, fewer token slots, faster on every CPU measured
         # (docs/RESULTS.md); False, length-sorted batches padded to a bucket.
         self.packed = True
+        # Texts encode tokenises at a time, the next chunk while the device runs this one
+        # (inference.run_pipelined); None: inference.chunk_texts' default (an accelerator: 4,096
+        # or 8 batches; the CPU: all in one).
+        self.texts_per_chunk: int | None = None
 
     # ------------------------------------------------------------------ loading
 
@@ -242,7 +250,7 @@ class SentenceEncoder(contract.ModelSettings):
         sentences: str | Sequence[str],
         prompt_name: str | None = None,
         prompt: str | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         show_progress_bar: bool | None = None,
         output_value: str | None = "sentence_embedding",
         precision: str = "float32",
@@ -263,7 +271,12 @@ class SentenceEncoder(contract.ModelSettings):
         prompt_name / prompt: `prompt` (or `self.prompts[prompt_name]`, else the default prompt
             name's) is put before each sentence; `prompt` wins over `prompt_name`; an unknown
             prompt_name raises, naming the prompts there are.
-        batch_size: texts per forward pass (sorted by token length so that each batch pads little).
+        batch_size: texts per forward pass (sorted by token length so that each batch pads little;
+            packed, the default batching, a block of batch_size x 24 token slots). Default (None):
+            64 on the CPU (sentence-transformers' default), 1,024 on a GPU or other accelerator
+            (`jax.default_backend() != 'cpu'`). There texts are tokenised in chunks (the attribute
+            `texts_per_chunk`, default max(4,096, 8 batches)), the next while the device runs the
+            current one; on the CPU all at once unless `texts_per_chunk` is set.
         show_progress_bar: True / False; None (default): a bar for 2,000+ texts on a terminal.
         output_value: 'sentence_embedding', or 'token_embeddings' (a list of [tokens_i, hidden]
             arrays, the backbone's last hidden state up to each text's last token; truncate_dim,
@@ -286,6 +299,7 @@ class SentenceEncoder(contract.ModelSettings):
         contract.check_keywords(kwargs, pool, chunk_size, where)
         single = isinstance(sentences, str)
         texts = check_texts([sentences] if single else sentences, where)
+        batch_size = default_batch_size() if batch_size is None else batch_size
         if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
             raise ConfigError(f"{where}: batch_size must be an integer >= 1, got {batch_size!r}")
         if batch_size < 1:
@@ -309,38 +323,46 @@ class SentenceEncoder(contract.ModelSettings):
         dim = self.get_sentence_embedding_dimension()
         if not texts:
             return np.zeros((0, dim), np.float32)
-        return self._embed_token_lists(self.tokenizer.tokenize(texts), batch_size, show)
+        params, few = params_for_compute(self), len(texts) < batch_size
+        return run_pipelined(texts, self.tokenizer.tokenize, chunk_texts(batch_size, self.texts_per_chunk),
+                             lambda ids, final: self._dispatch(ids, batch_size, params, few, final), (dim,), show, "encode")
 
-    def _embed_token_lists(self, ids: list[list[int]], batch_size: int, show: bool = False,
-                           compile_only: bool = False) -> np.ndarray:
-        dim = self.get_sentence_embedding_dimension()
+    def _embed_token_lists(self, ids: list[list[int]], batch_size: int, compile_only: bool = False) -> np.ndarray:
+        pending, _ = self._dispatch(ids, batch_size, params_for_compute(self), len(ids) < batch_size, True, compile_only)
+        return collect(pending, len(ids), (self.get_sentence_embedding_dimension(),))
+
+    def _dispatch(self, ids: list[list[int]], batch_size: int, params, few: bool, final: bool, compile_only: bool = False):
+        """One chunk's blocks (packed) or batches (padded) dispatched, not fetched: (pending results,
+        indices held back for the next chunk), as inference.dispatch_packed gives them."""
         embed_packed, embed_padded = self._embed_packed, self._embed
         if compile_only:
             embed_packed, embed_padded = compile_instead_of_run(embed_packed), compile_instead_of_run(embed_padded)
-        params = params_for_compute(self)
         if self.packed and all(ids):
-            return run_packed(ids, batch_size, lambda arrays: embed_packed(params, jax.device_put(arrays)), (dim,),
-                              self.tokenizer.pad_id, buckets=self.tokenizer.buckets, show_progress=show, desc="encode")
+            return dispatch_packed(ids, batch_size, lambda arrays: embed_packed(params, jax.device_put(arrays)),
+                                   self.tokenizer.pad_id, buckets=self.tokenizer.buckets, few=few, final=final)
 
         def embed(chunk, rows):
             return embed_padded(params, *self._padded_on_device([ids[i] for i in chunk], rows))
 
-        return run_length_sorted([len(x) for x in ids], batch_size, embed, (dim,), show, "encode")
+        return dispatch_length_sorted([len(x) for x in ids], batch_size, embed, few=few, final=final,
+                                      buckets=self.tokenizer.buckets)
 
     def _padded_on_device(self, token_lists: list[list[int]], rows: int):
         """(input_ids, attention_mask) of `token_lists` padded to `rows` rows, put on the device."""
         batch = self.tokenizer.pad(token_lists, batch_size=rows)
         return jax.device_put((batch["input_ids"], batch["attention_mask"]))
 
-    def warm_up(self, batch_size: int = 64, max_length: int | None = None, run: bool = False) -> int:
+    def warm_up(self, batch_size: int | None = None, max_length: int | None = None, run: bool = False) -> int:
         """Compile encode's shapes before the first call (JAX compiles each new shape on first use):
-        full batches of `batch_size` at every bucket up to `max_length` (default: the model's), in the
+        full batches of `batch_size` (default: encode's, 64 on the CPU, 1,024 on an accelerator) at
+        every bucket up to `max_length` (default: the model's), in the
         current batching (`packed` or padded). Returns how many lengths were warmed. Afterwards an
         encode call with that batch size runs at steady-state speed from its first batch (packed:
         except texts longer than inference.PACK_ROW_LENGTH (64) tokens in a bucket other than their block's longest).
         It compiles without running (`inference.compile_instead_of_run`): MiniLM at batch 64 in 8.7 s
         instead of 30 s (AMD EPYC, 2 cores). The first run of each executable then still costs
         ~0.1 s more than the next; `run=True` also runs every shape once, to pay that too."""
+        batch_size = default_batch_size() if batch_size is None else batch_size
         lengths = warm_up_lengths(self.tokenizer, max_length)
         for n in lengths:
             self._embed_token_lists([[self.tokenizer.pad_id] * n] * batch_size, batch_size, compile_only=not run)
