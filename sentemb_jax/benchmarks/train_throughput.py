@@ -1,11 +1,13 @@
 """Training throughput: our MiniLM in-batch softmax step vs sentence-transformers' MNRL, side by side.
 
     python -m sentemb_jax.benchmarks.train_throughput [--device cpu|gpu] [--fp32_matmul ieee|tf32] [--rounds 3]
-        [--steps 8] [--batch_size N] [--bf16] [--with_unpacked]
+        [--steps 8] [--batch_size N] [--bf16] [--with_unpacked] [--with_inline_input]
 
 Both train all-MiniLM-L6-v2 on the same NLI entailment pairs (the first steps x batch_size of
 nli/pairs.tsv), batch 64 (512 on a GPU), max length 64, AdamW lr 2e-5 (weight decay 0.01), temperature
-0.05 (MNRL's scale 20). Ours is the train job's step, built by the run setup (training.setup).
+0.05 (MNRL's scale 20). Ours is the train job's step, built by the run setup (training.setup), its
+input (tokenising, packing, device_put) made on the train loop's input thread two batches ahead
+(training.prefetch); --with_inline_input adds ours with the input made before each step instead.
 Each lives in its own worker process (warmed up: every batch shape compiled / allocator warm);
 rounds alternate, one implementation at a time. Prints pairs/s of both, model-FLOPs utilisation
 against a matmul ceiling measured in this run on the same device (benchmarks.machine.matmul_ceiling,
@@ -45,6 +47,8 @@ from sentemb_jax.methods.contrastive import Contrastive
 from sentemb_jax.paths import default_data_dir
 from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer
 from sentemb_jax.training.config import DataConfig, EvalConfig, OptimizerConfig, RunConfig, ScheduleConfig, TowerConfig
+from sentemb_jax.training.loop import PREFETCH_BATCHES
+from sentemb_jax.training.prefetch import Prefetcher
 from sentemb_jax.training.setup import setup_run
 
 DEFAULT_BATCH_SIZE = {"cpu": 64, "gpu": 512}  # a GPU idles at 64 pairs a step; 512: a usual MNRL batch there
@@ -60,10 +64,20 @@ def _pairs(data_dir: str | None, n: int) -> list[tuple[str, str]]:
     return [(r["anchor"], r["positive"]) for r in rows]
 
 
-def _jax_run(model_dir: str, batches, settings: dict, pack: bool, bf16: bool, steps: int, batch_size: int):
+class _NoPosition:
+    """The Prefetcher's source: these batches are a list, their position is not recorded."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def _jax_run(model_dir: str, batches, settings: dict, pack: bool, bf16: bool, steps: int, batch_size: int,
+             prefetch: bool = True):
     """The train job's own step, built by the run setup: AdamW at a constant 2e-5, weight decay 0.01 and
     no gradient clipping, as torch.optim.AdamW's defaults on the other side. bf16: the backbone computes
-    in bfloat16 (its parameters stay float32)."""
+    in bfloat16 (its parameters stay float32). prefetch: the host work (tokenising, packing,
+    device_put) on the train loop's input thread, PREFETCH_BATCHES ahead (training.prefetch); else
+    inline before each step, as sentence-transformers' loop does it."""
     apply_jax_fp32_matmul(settings)
     tower = TowerConfig(init_from=model_dir, config_overrides={"dtype": "bfloat16"} if bf16 else None)
     config = RunConfig(model_dir="/unused", num_steps=steps, model=tower,
@@ -85,21 +99,29 @@ def _jax_run(model_dir: str, batches, settings: dict, pack: bool, bf16: bool, st
     def run():
         nonlocal state
         with train_run.context():
-            for b in batches:
-                state, metrics = train_run.step_fn(state, features(b), rng)
-        return float(metrics["loss"])  # waits for the device
+            if not prefetch:
+                for b in batches:
+                    state, metrics = train_run.step_fn(state, features(b), rng)
+                return float(metrics["loss"])  # waits for the device
+            feeder = Prefetcher(_NoPosition(), iter(batches), features, PREFETCH_BATCHES)
+            try:
+                for _, prepared in feeder:
+                    state, metrics = train_run.step_fn(state, prepared, rng)
+            finally:
+                feeder.close()
+        return float(metrics["loss"])
     return run
 
 
 def _worker(kind: str, model_dir: str, pairs, batch_size: int, steps: int, threads: int, pack: bool, bf16: bool,
-            settings: dict, conn) -> None:
+            settings: dict, prefetch: bool, conn) -> None:
     """One row's process. settings: fp32_matmul_settings (the device and float32 matmul mode of both sides)."""
     batches = [pairs[i : i + batch_size] for i in range(0, steps * batch_size, batch_size)]
     if kind == "sentence_transformers":
         from sentemb_jax.benchmarks import torch_side  # lazy: torch and sentence-transformers (6 s), in their worker only
         run = torch_side.mnrl_train_run(model_dir, batches, settings, threads, bf16)
     else:
-        run = _jax_run(model_dir, batches, settings, pack, bf16, steps, batch_size)
+        run = _jax_run(model_dir, batches, settings, pack, bf16, steps, batch_size, prefetch)
     start = time.perf_counter()
     run()  # warm-up: the first round from cold (ours: compiles)
     conn.send(("ready", {"first_call_s": time.perf_counter() - start}))
@@ -121,6 +143,8 @@ def _parse(argv):
     parser.add_argument("--model", default=None, help="model directory (default: the shipped all-MiniLM-L6-v2)")
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--with_unpacked", action="store_true", help="also time our step without sequence packing")
+    parser.add_argument("--with_inline_input", action="store_true", help="also time ours with its input made inline "
+                        "before each step (as sentence-transformers does) instead of on the input thread")
     args = parser.parse_args(argv)
     try:
         if args.steps < 1 or (args.batch_size is not None and args.batch_size < 1):
@@ -179,7 +203,9 @@ def main(argv=None):
     if args.bf16:
         rows.update(sentemb_jax_bf16=("sentemb_jax", True, True),
                     sentence_transformers_autocast_bf16=("sentence_transformers", False, True))
-    workers = {n: (_worker, (kind, *common, pack, bf16, settings)) for n, (kind, pack, bf16) in rows.items()}
+    workers = {n: (_worker, (kind, *common, pack, bf16, settings, True)) for n, (kind, pack, bf16) in rows.items()}
+    if args.with_inline_input:
+        workers["sentemb_jax_inline_input"] = (_worker, ("sentemb_jax", *common, True, False, settings, False))
     startup: dict = {}
     try:
         med = run_side_by_side(workers, args.rounds, label="pairs/s", count=len(pairs), startup=startup,
@@ -193,6 +219,9 @@ def main(argv=None):
     if args.bf16:
         print(f"sentemb_jax_bf16 / sentence_transformers_autocast_bf16 = "
               f"{med['sentemb_jax_bf16'] / med['sentence_transformers_autocast_bf16']:.2f}")
+    if args.with_inline_input:
+        print(f"sentemb_jax / sentemb_jax_inline_input = {med['sentemb_jax'] / med['sentemb_jax_inline_input']:.2f} "
+              "(input on the input thread / made before each step)")
     print(f"ratio_vs_sentence_transformers={med['sentemb_jax'] / med['sentence_transformers']:.2f}")
 
 
