@@ -36,7 +36,7 @@ LAYERS = [
 # the package (scikit-learn and matplotlib among them: 1.3 s and 0.5 s that every job process paid;
 # benchmarks.torch_side: the 6 s of torch and sentence-transformers, in their own worker only; the
 # XLA options, which import jax, read by the command line after the console has taken stderr).
-MAX_LAZY_IMPORTS = 37
+MAX_LAZY_IMPORTS = 38
 LAZY_REASON = re.compile(r"#\s*lazy:\s*\S")
 
 

@@ -38,6 +38,7 @@ from sentemb_jax.cross_encoder import CrossEncoder
 from sentemb_jax.errors import ConfigError  # a gin file the compile-only tools cannot build a program from
 from sentemb_jax.jobs.train import bound_model, bound_train, made
 from sentemb_jax.methods.trans_encoder import BiEncoderPhase, CrossEncoderPhase, bi_to_cross_defaults, cross_to_bi_defaults
+from sentemb_jax.models.common import remat_policy
 from sentemb_jax.models.cross import CrossEncoderModule
 from sentemb_jax.training.config import DataConfig, RunConfig, ScheduleConfig
 from sentemb_jax.training.method import Method
@@ -136,7 +137,7 @@ def _abstract(tree, shardings):
 def _backbone_info(module) -> dict:
     cfg = module.backbone_config
     return {"dtype": str(np.dtype(cfg.dtype)) if not isinstance(cfg.dtype, str) else cfg.dtype,
-            "scan": bool(getattr(cfg, "scan_layers", False)), "remat": bool(getattr(cfg, "remat", False)),
+            "scan": bool(getattr(cfg, "scan_layers", False)), "remat": remat_policy(getattr(cfg, "remat", False)),
             "layers": int(getattr(cfg, "num_layers", getattr(cfg, "num_hidden_layers", 0)))}
 
 

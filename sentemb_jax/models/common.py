@@ -12,6 +12,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 DType = Any
@@ -188,7 +189,9 @@ class Dense(nn.Module):
         bias = None
         if self.use_bias:
             bias = self.param("bias", partitioned(nn.initializers.zeros, self.kernel_axes[-1:]), (self.features,), self.param_dtype)
-        return dense_product(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.dtype)
+        # named for the 'dots' remat policy, which keeps these outputs (a name, not the dot primitive:
+        # the CPU's product is a custom_vjp, which a dot-matching policy would not see)
+        return checkpoint_name(dense_product(x.astype(self.dtype), kernel.astype(self.dtype), bias, self.dtype), "dense")
 
 
 class Embed(nn.Module):
@@ -417,12 +420,32 @@ def _scaled(init: Callable, factor: float) -> Callable:
     return lambda *args, **kwargs: init(*args, **kwargs) * factor
 
 
+# What a layer keeps for its backward pass (the config's `remat`): 'none' keeps every activation
+# (no recompute); 'dots' keeps the outputs of the layer's weight matmuls (projections, MLP) and
+# recomputes the rest - norms, activations, attention's batched dots and softmax, the [batch,
+# heads, q, k] tensors that grow with length squared (MaxText's 'minimal'); 'full' keeps only the
+# layer's input and recomputes the whole layer (a third more FLOPs). The cheapest that fits the
+# device's memory is chosen from the compiler's figure: benchmarks.remat_choice.
+REMAT_POLICIES = ("none", "dots", "full")
+_SAVED = {"dots": jax.checkpoint_policies.save_only_these_names("dense"), "full": None}
+
+
+def remat_policy(remat: bool | str) -> str:
+    """The policy a config's `remat` names: 'none' / 'dots' / 'full'; False and True (older
+    configs) mean 'none' and 'full'."""
+    if isinstance(remat, bool):
+        return "full" if remat else "none"
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"remat {remat!r}: want one of {REMAT_POLICIES} (or True / False)")
+    return remat
+
+
 def layer_stack(
     layer_cls: type[nn.Module],
     num_layers: int,
     *,
     scan: bool,
-    remat: bool,
+    remat: bool | str,
     collect_hidden: bool,
     layer_kwargs: dict,
     parent_name: str = "layers",
@@ -434,8 +457,9 @@ def layer_stack(
     Layer modules take (x, *args) and return (x, x_out_or_None).
     """
     cls = layer_cls
-    if remat:
-        cls = nn.remat(cls, prevent_cse=not scan)
+    policy = remat_policy(remat)
+    if policy != "none":
+        cls = nn.remat(cls, prevent_cse=not scan, policy=_SAVED[policy])
 
     def run(x, *args):
         if scan:

@@ -13,7 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sentemb_jax import validation
 from sentemb_jax.models.common import (
+    REMAT_POLICIES,
     Dense,
     Dropout,
     Embed,
@@ -67,10 +69,14 @@ class T5Config:
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     scan_layers: bool = False
-    remat: bool = False
+    remat: bool | str = False  # models.common.REMAT_POLICIES: 'none', 'dots', 'full' (True)
     # None: cuDNN's fused kernel on a GPU in bf16 without attention dropout, else written out
     # (models.common.fused_implementation); 'written_out'; 'xla' / 'cudnn': jax.nn.dot_product_attention's.
     attention_implementation: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.remat, bool):  # a policy named wrong: refused here, not while tracing
+            validation.require_choice(self.remat, REMAT_POLICIES, "sentemb_jax.T5Config", "remat")
 
     @property
     def decoder_dropout(self) -> float:
