@@ -356,7 +356,9 @@ def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, 
     # (compiled CPU program of a 2-layer T5 gradient: 41 -> 37 layout changes, 2.05 -> 1.79 MB written;
     # tests/test_accelerator_lowering.py). The fused kernels take [batch, length, heads, dim] as is.
     q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32) * scale
+    # matmuls, not einsums: the ONNX export turns these into MatMul (an einsum of this form became
+    # ONNX Einsum, which ONNX Runtime's int8 quantisation leaves in float32)
+    logits = jnp.matmul(q, jnp.swapaxes(k, -1, -2)).astype(jnp.float32) * scale
     if bias.bias is not None:
         logits = logits + bias.bias
     if bias.mask is not None:
@@ -364,7 +366,7 @@ def _attention(q: Array, k: Array, v: Array, bias: AttentionBias, scale: float, 
     weights = jax.nn.softmax(logits, axis=-1)
     if dropout is not None:
         weights = dropout(weights)
-    return jnp.einsum("bhqk,bhkd->bqhd", weights.astype(v.dtype), v)
+    return jnp.matmul(weights.astype(v.dtype), v).transpose(0, 2, 1, 3)
 
 
 class MultiHeadAttention(nn.Module):
