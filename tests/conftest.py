@@ -166,8 +166,8 @@ def _no_gin_bindings_between_tests():
 # long file never starts last while the other worker idles (xdist's own order, by test count, put
 # the 4-minute TPU ladder file near the end). Only the order changes: every test still runs.
 SLOWEST_FIRST = (
-    "test_scaling_study.py", "test_tpu_compile.py", "test_accelerator_report.py", "test_trans_encoder.py",
-    "test_robustness.py", "test_eval_jobs.py", "test_queue_distill.py", "test_inference_packing.py", "test_export.py",
+    "test_accelerator_report.py", "test_scaling_study.py", "test_tpu_compile.py", "test_trans_encoder.py",
+    "test_robustness.py", "test_eval_jobs.py", "test_queue_distill.py", "test_inference_packing.py", "test_export.py", "test_remat.py",
     "test_input_routes.py", "test_packing.py", "test_data_pipeline.py", "test_step_time.py", "test_main.py",
     "test_sharding.py", "test_eval_transfer.py", "test_without_tensorflow.py", "test_gradcache.py",
     "test_onnx_export.py", "test_train_resume.py", "test_signals.py", "test_report_kit.py", "test_architecture.py",

@@ -3,22 +3,29 @@ network: stages run one after the other, each in its own processes under its own
 each stage's result goes to DIR/report.json and DIR/report.md as soon as it ends - a stage cut off
 loses nothing before it; a failed or timed-out stage is recorded and the next one runs.
 
-    python -m sentemb_jax.benchmarks.accelerator_report --out DIR [--quick] [--device cpu|gpu]
+    python -m sentemb_jax.benchmarks.accelerator_report --out DIR [--tiny_shapes] [--device cpu|gpu]
         [--budget_s 480] [--stages environment,matmul,...] [--data_dir DIR] [--model DIR]
 
-Stages, in value order (STAGES; the plan is printed with each stage's estimate before anything
-runs): environment (versions, devices, nvidia-smi), matmul (ceilings in JAX and torch, each dtype
-and fp32 mode, beside the spec peak), encode and train (MiniLM against sentence-transformers on the
-same device, bf16 and fp32), t5_base (the Sentence-T5 Base step at the recipe's batch, with a
-profile summarised by op class: benchmarks.profile_table), levers (the step's levers' A/B on
-two-layer T5-base), tests (the device-relevant tests, parity pinned to 'highest'), xla_options
-(each XLA GPU option's A/B, sentemb_jax.xla_options), methods (MiniLM,
+Stages, in value order (STAGES; the plan is printed with each stage's estimate and their totals
+before anything runs): environment (versions, devices, nvidia-smi), matmul (ceilings in JAX and
+torch, each dtype and fp32 mode, beside the spec peak), encode and train (MiniLM against
+sentence-transformers on the same device, bf16 and fp32), t5_base (the Sentence-T5 Base step at
+the recipe's batch, with a profile summarised by op class: benchmarks.profile_table), levers (the
+step's levers' A/B on two-layer T5-base), tests (the device-relevant tests, parity pinned to
+'highest'), xla_options (each XLA GPU option's A/B, sentemb_jax.xla_options), methods (MiniLM,
 T5-large and every method's step), default_job (the default job, shortened, end to end with its
 STS table). A call runs the stages whose estimates fit `--budget_s` and records the rest as left
 for the next call; the same command again continues with what is left (a stage already ok is not
-run again unless --redo). `--quick` runs every stage at toy sizes (a CPU check of the
-report itself). On a host without our pins, `benchmarks.portable_kit pack --for_report`
-bundles what the report needs beyond the host's packages.
+run again unless --redo).
+
+`--tiny_shapes` (or `--quick`) is a dry run of that plan on any machine, a CPU included: every
+stage, with the same commands, programs and files, at tiny shapes (tiny models, a few steps, small
+batches, the tests collected rather than run) and without a budget - what would stop a stage on
+the GPU host for a reason of Python's (an import, a file, a flag) stops it here first
+(tests/test_accelerator_report.py runs it with TensorFlow unimportable, on the kit's files). A
+command that cannot run on a CPU at all (cuDNN's attention) is recorded there as skipped, with
+its reason. On a host without our pins, `benchmarks.report_kit pack` bundles what the report
+needs beyond the host's packages.
 """
 from __future__ import annotations
 
@@ -36,8 +43,8 @@ from typing import Callable, Sequence
 
 import jax
 
-from sentemb_jax.benchmarks import machine, profile_table
-from sentemb_jax.benchmarks.report_steps import LEVERS, step_time_configs
+from sentemb_jax.benchmarks import machine, profile_table, report_steps
+from sentemb_jax.benchmarks.report_steps import GPU_ONLY, LEVERS, step_time_configs, tiny_step_args
 from sentemb_jax.errors import ConfigError, SentembError, UsageError
 from sentemb_jax.models.common import cuda_backend
 
@@ -52,6 +59,7 @@ class Command:
     label: str
     argv: list[str]
     json_file: str | None = None
+    gpu_only: str | None = None  # why it cannot run on a CPU: there it is recorded as skipped, with this reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +92,8 @@ def environment(args) -> dict:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
         out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    else:  # a CPU host (the dry run): recorded, so the report says why the GPU's view is missing
+        out["nvidia_smi"] = "skipped: no nvidia-smi on this host's PATH"
     return out
 
 
@@ -92,7 +102,7 @@ def matmul(args) -> dict:
     and fp32 mode, with the spec peak beside each."""
     device = machine.select_devices(args.device)[0]
     gpu = device.platform == "gpu"
-    n = 512 if args.quick else (8192 if gpu else 2048)
+    n = 512 if args.tiny_shapes else (8192 if gpu else 2048)
     kinds = [("float32", "highest"), ("bfloat16", "default")] + ([("float32", "tensorfloat32")] if gpu else [])
     rows = []
     for dtype, precision in kinds:
@@ -131,10 +141,18 @@ def _device_flag(args) -> list[str]:
     return ["--device", args.device] if args.device else []
 
 
+DEVICE_TESTS = ("tests/test_attention.py", "tests/test_loop_sync.py", "tests/test_t5_parity.py", "tests/test_bert_parity.py")
+
+
+def _tiny(args, extra: list[str]) -> list[str]:
+    """What --tiny_shapes appends to a command: after the GPU's own arguments, so that the command
+    run is the GPU's with only its shapes changed (argparse and gin keep a flag's last value)."""
+    return extra if args.tiny_shapes else []
+
+
 def tests(args) -> list[Command]:
-    files = ["tests/test_attention.py"] if args.quick else \
-        ["tests/test_attention.py", "tests/test_loop_sync.py", "tests/test_t5_parity.py", "tests/test_bert_parity.py"]
-    return [Command("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files])]
+    return [Command("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS,
+                               *_tiny(args, report_steps.TINY_TESTS)])]
 
 
 def model_bindings(gin_args: list[str], model: str | None) -> list[str]:
@@ -153,17 +171,14 @@ def model_bindings(gin_args: list[str], model: str | None) -> list[str]:
 
 
 def step_time(args, stage: str = "methods") -> list[Command]:
-    steps = ["--steps", "2", "--warmup", "1"] if args.quick or args.tiny_shapes else ["--steps", "20", "--warmup", "3"]
-    shrink = ["--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16"] \
-        if args.tiny_shapes else []
-    chunk = ["--gin.sentemb_jax.Contrastive.chunk_size=2"] if args.tiny_shapes else []  # divides batch 4
     out = []
-    for label, gin, program in step_time_configs(args.quick, stage):
+    for label, gin, program in step_time_configs(stage):
         json_file = os.path.join(args.out, f"step_time_{label}.json")
         profile = ["--profile", os.path.join(args.out, f"profile_{label}")] if stage == "t5_base" else []
         out.append(Command(label, [PY, "-m", "sentemb_jax.benchmarks.step_time", *gin, *model_bindings(gin, args.model),
-                                   *shrink, *(chunk if "gradcache" in label else []), "--program", program, *steps,
-                                   *profile, *_device_flag(args), "--json", json_file], json_file))
+                                   "--program", program, "--steps", "20", "--warmup", "3", *profile, *_device_flag(args),
+                                   "--json", json_file, *_tiny(args, tiny_step_args(label, gin))], json_file,
+                           GPU_ONLY.get(label)))
     return out
 
 
@@ -172,27 +187,21 @@ def _model_and_data(args) -> list[str]:
 
 
 def encode(args) -> list[Command]:
-    if args.quick:
-        extra = ["--only", "sentemb_jax_packed,sentence_transformers", "--rounds", "1", "--batch_size", "16"]
-    else:
-        extra = ["--bf16", "--rounds", "3"]
     return [Command("encode_throughput", [PY, "-m", "sentemb_jax.benchmarks.encode_throughput", *_device_flag(args),
-                                          *extra, *_model_and_data(args)])]
+                                          "--bf16", "--rounds", "3", *_model_and_data(args), *_tiny(args, report_steps.TINY_ENCODE)])]
 
 
 def train(args) -> list[Command]:
-    extra = ["--rounds", "1", "--steps", "1", "--batch_size", "4"] if args.quick else ["--bf16"]
     return [Command("train_throughput", [PY, "-m", "sentemb_jax.benchmarks.train_throughput", *_device_flag(args),
-                                         *extra, *_model_and_data(args)])]
+                                         "--bf16", *_model_and_data(args), *_tiny(args, report_steps.TINY_TRAIN)])]
 
 
 def default_job(args) -> list[Command]:
-    steps = 2 if args.quick else 100
     data = [f"--gin.DATA_DIR='{args.data_dir}'"] if args.data_dir else []
     gin = ["--gin_file=gin/default.gin"]
     return [Command("default_job", [PY, "-m", "sentemb_jax.main", *gin, *model_bindings(gin, args.model),
-                                    f"--gin.MODEL_DIR='{os.path.join(args.out, 'default_job')}'", f"--gin.NUM_STEPS={steps}",
-                                    "--gin.sentemb_jax.RunConfig.time_budget_s=None", *data])]
+                                    f"--gin.MODEL_DIR='{os.path.join(args.out, 'default_job')}'", "--gin.NUM_STEPS=100",
+                                    "--gin.sentemb_jax.RunConfig.time_budget_s=None", *data, *_tiny(args, report_steps.TINY_JOB)])]
 
 
 # In value order: what a user choosing a stack needs first. Estimates from the one H200 run so far
@@ -235,14 +244,17 @@ def plan(chosen: list[str], done: set[str], budget_s: float | None, redo: bool =
 
 
 def plan_lines(planned: list[tuple[Stage, str]], budget_s: float | None) -> list[str]:
-    now = sum(s.estimate_s for s, when in planned if when == "now")
+    """The plan as printed before anything runs: the totals of this call and of the calls after it,
+    then each stage's line."""
+    now, later = (sum(s.estimate_s for s, when in planned if when == w) for w in ("now", "next call"))
     lines = [f"plan ({'no budget' if budget_s is None else f'budget {budget_s:.0f} s'}; estimates on an H200, "
-             f"compiles included: {now:.0f} s now):"]
+             f"compiles included: {now:.0f} s now, {later:.0f} s left for the next calls):"]
     lines += [f"  {when:9} {s.name:12} ~{s.estimate_s:4.0f} s  {s.what}" for s, when in planned]
     return lines
 
 
 STEP_STAGES = ("t5_base", "levers", "xla_options", "methods")
+SKIPPED = "skipped on the CPU"  # a GPU-only command (Command.gpu_only) where the report runs on a CPU
 
 
 def lever_lines(levers: list[dict]) -> list[str]:
@@ -318,28 +330,40 @@ class Report:
             if "result" in e:
                 lines += ["```", json.dumps(e["result"], indent=1, default=str)[:6000], "```"]
             for c in e.get("commands", []):
+                if c["status"] == SKIPPED:
+                    lines += [f"`{c['label']}`: {SKIPPED}: {c['reason']}", ""]
+                    continue
                 lines += [f"`{c['label']}`: {c['status']} in {c['seconds']:.1f} s (exit {c['returncode']})", "",
                           "```", c["output_tail"], "```"]
         return "\n".join(lines) + "\n"
 
 
-def run_commands(commands: list[Command], limit_s: float, env: dict, earlier: list[dict] | None = None) -> tuple[str, list[dict]]:
+def _unrun(c: Command, status: str) -> dict:
+    """A command's entry before (or instead of) its process; its argv says what was or would be run."""
+    return {"label": c.label, "status": status, "seconds": 0.0, "returncode": None, "output_tail": "", "argv": c.argv}
+
+
+def run_commands(commands: list[Command], limit_s: float, env: dict, earlier: list[dict] | None = None,
+                 cpu: bool = False) -> tuple[str, list[dict]]:
     """The stage's commands one after another within its limit; a command past the remaining time
     is killed (its process group) and recorded as timed out, the ones after it as not run. A
     command already ok in `earlier` (the stage's entry from a call before) is kept, not run again:
-    a stage larger than one call finishes over several."""
+    a stage larger than one call finishes over several. On a CPU (`cpu`) a GPU-only command is
+    recorded as skipped with its reason, and the stage stays ok."""
     started, out, status = time.monotonic(), [], "ok"
     done = {e["label"]: e for e in earlier or [] if e.get("status") == "ok"}
     for c in commands:
         if c.label in done:
             out.append(done[c.label])
             continue
+        if cpu and c.gpu_only:
+            out.append({**_unrun(c, SKIPPED), "reason": c.gpu_only})
+            continue
         if c.json_file and os.path.exists(c.json_file):
             os.remove(c.json_file)  # an earlier call's figures must not pass for this command's
         left = limit_s - (time.monotonic() - started)
         if left <= 1:
-            out.append({"label": c.label, "status": "not run (stage limit)", "seconds": 0.0, "returncode": None,
-                        "output_tail": ""})
+            out.append(_unrun(c, "not run (stage limit)"))
             status = "timed out"
             continue
         t0 = time.monotonic()
@@ -352,7 +376,7 @@ def run_commands(commands: list[Command], limit_s: float, env: dict, earlier: li
             os.killpg(proc.pid, 9)
             text, _ = proc.communicate()
             state = "timed out"
-        entry = {"label": c.label, "status": state, "seconds": time.monotonic() - t0, "returncode": proc.returncode,
+        entry = {**_unrun(c, state), "seconds": time.monotonic() - t0, "returncode": proc.returncode,
                  "output_tail": (text or "")[-3000:]}
         if c.json_file and os.path.exists(c.json_file):
             with open(c.json_file, encoding="utf-8") as f:
@@ -375,8 +399,9 @@ def run_stage(stage: Stage, args, env: dict, budget_left_s: float | None = None,
         except Exception as e:  # recorded, and the next stage runs
             entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"
     else:
+        cpu = machine.select_devices(args.device)[0].platform == "cpu"
         entry["status"], entry["commands"] = run_commands(stage.commands(args), limit, env,
-                                                          None if args.redo else (earlier or {}).get("commands"))
+                                                          None if args.redo else (earlier or {}).get("commands"), cpu)
     entry["seconds"] = time.monotonic() - started
     return entry
 
@@ -385,18 +410,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sentemb_jax.benchmarks.accelerator_report",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the report's directory (created)")
-    parser.add_argument("--quick", action="store_true", help="every stage at toy sizes")
     parser.add_argument("--device", choices=("cpu", "gpu"), default=None, help="default: what JAX finds")
     parser.add_argument("--stages", default=None, help=f"comma-separated, of {','.join(s.name for s in STAGES)}")
     parser.add_argument("--limit_scale", type=float, default=None, help="multiply every stage's time limit")
     parser.add_argument("--stage_limit", action="append", default=[], metavar="STAGE=SECONDS",
                         help="one stage's time limit in seconds, in place of its default times --limit_scale")
-    parser.add_argument("--tiny_shapes", action="store_true",
-                        help="the full step_time configs at batch 4 x 16 tokens: a CPU dry run of what the GPU runs")
+    parser.add_argument("--tiny_shapes", "--quick", dest="tiny_shapes", action="store_true",
+                        help="a dry run of the GPU's plan on any machine: every stage and command, at tiny shapes, "
+                             "without a budget")
     parser.add_argument("--data_dir", default=None, help="the data (default: $SENTEMB_DATA_DIR or ../shared/data)")
     parser.add_argument("--model", default=None, help="the MiniLM model directory (default: the shipped one)")
     parser.add_argument("--budget_s", type=float, default=None,
-                        help="device seconds for this call (default 480, one 8-minute call; none with --quick): the "
+                        help="device seconds for this call (default 480, one 8-minute call; none with --tiny_shapes): the "
                              "stages that fit run, in value order, the rest are left for the next call with the same --out")
     parser.add_argument("--redo", action="store_true", help="run the chosen stages again, those already ok too")
     args = parser.parse_args(argv)
@@ -414,12 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--stage_limit {item}: expected STAGE=SECONDS, e.g. tests=90") from None
         if name not in names or args.stage_limits[name] <= 0:
             raise UsageError(f"--stage_limit {item}: expected a positive limit for one of {', '.join(names)}")
-    if args.budget_s is None and not args.quick:
+    if args.budget_s is None and not args.tiny_shapes:
         args.budget_s = 480.0
     if args.budget_s is not None and not args.budget_s > 0:
         raise UsageError(f"--budget_s {args.budget_s}: expected a positive number of seconds")
-    if args.limit_scale is None and args.quick:
-        args.limit_scale = 4.0  # toy sizes, but on a 2-core CPU shared with other work: compiles dominate
+    if args.limit_scale is None and args.tiny_shapes:
+        args.limit_scale = 4.0  # tiny shapes, but on a 2-core CPU shared with other work: process starts dominate
     # Before JAX starts a backend (here or in a stage's process): every process takes GPU memory as
     # it needs it instead of 75% up front, so the processes of the report share one GPU.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

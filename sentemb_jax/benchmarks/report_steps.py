@@ -3,14 +3,11 @@ plan and stages: benchmarks.accelerator_report).
 
 `t5_base`: Sentence-T5 Base at the recipe's batch and length (profiled). `levers` and
 `xla_options`: the A/B rows, on T5-base cut to two layers at the same batch, each against the
-defaults. `methods`: MiniLM, T5-large and every method's step. `--quick`: the same stages at the
-tiny T5's toy sizes.
+defaults. `methods`: MiniLM, T5-large and every method's step. `tiny_step_args`: what
+`--tiny_shapes` appends to a row - the same configs, programs and code paths at CPU sizes.
 """
 from __future__ import annotations
 
-SMALL = ["--gin.sentemb_jax.DataConfig.batch_size=8", "--gin.sentemb_jax.DataConfig.sequence_length=16",
-         "--gin.sentemb_jax.DataConfig.pack=False"]
-TINY_T5 = ["--gin_file", "gin/models/t5_tiny_scratch.gin", "--gin_file", "gin/runs/tiny_t5_scratch.gin"]
 BF16 = "--gin.sentemb_jax.TowerConfig.config_overrides={'dtype': 'bfloat16'}"
 MINILM = ["--gin_file", "gin/models/minilm_l6.gin", "--gin_file", "gin/runs/minilm_nli.gin"]
 STUDENT = ["--gin_file", "gin/models/minilm_student.gin"]
@@ -27,19 +24,48 @@ LEVERS = [
     *((f"xla_{name}", [f"--xla_options={name}"], f"XLA option {name}") for name in
       ("command_buffers_off", "triton_gemm_off", "cublaslt")),  # autotune_cache: compile time only; latency_hiding: meshes
 ]
+# cuDNN's fused attention: jax.nn.dot_product_attention(implementation='cudnn') runs on NVIDIA GPUs only.
+GPU_ONLY = {"minilm_bf16_cudnn_attention": "cuDNN's fused attention runs on NVIDIA GPUs only"}
+
+# --tiny_shapes: what it appends to each command (after the GPU's own arguments: the last value of a
+# flag or binding wins). The tests are collected, not run: every file found, conftest and each
+# module imported on this Python; their bodies are device checks at fixed shapes, which the suite
+# runs. A step_time row: 4 texts a side of 16 tokens, 1 timed step; every T5 one encoder and one
+# decoder layer of width 64 (the vocabulary as the size file has it); every MiniLM tower the first
+# layer of the shipped weights (the students' STUDENT_LAYERS, the others' init_layers; a teacher
+# stays whole: it only runs forward); ConGen's and SCT's queues 64 entries, not 16,384 (the default
+# job's 1,024: each step enqueues its batch of 128). Trans-Encoder's two steps keep their shapes: step_time builds them at DistillPhase's
+# defaults whatever the bindings say (benchmarks.aot.trans_encoder_runs).
+TINY_TESTS = ["--collect-only"]
+TINY_ENCODE = ["--rounds", "1", "--batch_size", "16"]
+TINY_TRAIN = ["--rounds", "1", "--steps", "1", "--batch_size", "4"]
+TINY_JOB = ["--gin.NUM_STEPS=2", "--gin.sentemb_jax.ConGen.queue_size=1024"]
+TINY_DATA = ["--gin.sentemb_jax.DataConfig.batch_size=4", "--gin.sentemb_jax.DataConfig.sequence_length=16"]
+TINY_T5 = [f"--gin.sentemb_jax.T5Config.{k}={v}" for k, v in
+           (("num_layers", 1), ("num_decoder_layers", 1), ("d_model", 64), ("d_ff", 128), ("num_heads", 2), ("d_kv", 32))]
+TINY_CHUNK = ["--gin.sentemb_jax.Contrastive.chunk_size=2"]  # GradCache's chunks divide the batch of 4
+TINY_QUEUES = {"gin/runs/congen_cpu.gin": "--gin.sentemb_jax.ConGen.queue_size=64",
+               "gin/runs/sct_cpu.gin": "--gin.sentemb_jax.SCT.queue_size=64"}
 
 
-def step_time_configs(quick: bool, stage: str = "methods") -> list[tuple[str, list[str], str]]:
+def tiny_step_args(label: str, argv: list[str]) -> list[str]:
+    """What `--tiny_shapes` appends to the step_time row `label` of arguments `argv`."""
+    files = [a for a in argv if a.endswith(".gin")]
+    out = ["--steps", "1", "--warmup", "1", *TINY_DATA]
+    if any("st5_" in f for f in files):
+        out += TINY_T5
+    elif "gin/models/minilm_student.gin" in files:
+        out += ["--gin.STUDENT_LAYERS=1"]
+    elif "gin/models/minilm_l6.gin" in files:
+        out += ["--gin.sentemb_jax.TowerConfig.init_layers=1"]
+    out += [TINY_QUEUES[f] for f in files if f in TINY_QUEUES]
+    return out + (TINY_CHUNK if "gradcache" in label else [])
+
+
+def step_time_configs(stage: str = "methods") -> list[tuple[str, list[str], str]]:
     """(label, step_time arguments, program) of a stage: 't5_base' (Sentence-T5 Base at the recipe's
-    shapes), 'levers' (each lever's A/B on two-layer T5-base), 'methods' (MiniLM, T5-large and
-    every method's step)."""
-    if quick:
-        tiny = TINY_T5 + SMALL
-        return {"t5_base": [("t5_tiny_contrastive", tiny, "train")],
-                "levers": [(f"lever_{label}", tiny + extra, "train") for label, extra, _ in LEVERS[:3]],
-                "xla_options": [],
-                "methods": [("t5_tiny_gradcache", tiny + ["--gin.sentemb_jax.Contrastive.chunk_size=4",
-                                                          "--gin.sentemb_jax.Contrastive.gradcache=True"], "train")]}[stage]
+    shapes), 'levers' and 'xla_options' (each A/B on two-layer T5-base), 'methods' (MiniLM, T5-large
+    and every method's step)."""
     if stage == "t5_base":
         return [("t5_base_bf16", T5_BASE, "train")]
     if stage in ("levers", "xla_options"):
