@@ -26,8 +26,8 @@ import sys
 from sentemb_jax.benchmarks import tpu_compile
 from sentemb_jax.benchmarks.tpu_slices import TopologyError, chip_of, topology_devices
 from sentemb_jax.child_process import run_module
+from sentemb_jax.models.common import REMAT_POLICIES
 
-POLICIES = ("none", "dots", "full")
 GIB = 2**30
 _GPU = re.compile(r"gpu:(\d+(?:\.\d+)?)")
 STAND_IN = "v5p:2x2x1"  # one of its chips (95 GiB of HBM) compiles the one-GPU program
@@ -42,7 +42,7 @@ def compiled_rows(gin_file: str, topology: str, one_chip: bool, bindings: list[s
     need where it does not fit the chip), each compile in its own process."""
     one = ["sentemb_jax.MeshConfig.data = 1", "sentemb_jax.MeshConfig.fsdp = 1", "sentemb_jax.MeshConfig.model = 1"]
     rows = []
-    for policy in POLICIES:
+    for policy in REMAT_POLICIES:
         args = ["--child", topology, "--gin_file", gin_file, *(["--one_chip"] if one_chip else []),
                 *[x for b in [*bindings, *(one if one_chip else []), remat_binding(config_class, policy)]
                   for x in ("--gin", b)]]

@@ -8,9 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax import validation
 from sentemb_jax.models.common import (
-    REMAT_POLICIES,
     Dense,
     Dropout,
     Embed,
@@ -20,6 +18,7 @@ from sentemb_jax.models.common import (
     constrain_activations,
     layer_stack,
     padding_bias,
+    remat_policy,
     segment_bias,
 )
 
@@ -51,8 +50,7 @@ class BertConfig:
     attention_implementation: str | None = None
 
     def __post_init__(self):
-        if not isinstance(self.remat, bool):  # a policy named wrong: refused here, not while tracing
-            validation.require_choice(self.remat, REMAT_POLICIES, "sentemb_jax.BertConfig", "remat")
+        remat_policy(self.remat, "sentemb_jax.BertConfig")  # a policy named wrong: refused here, not while tracing
 
     @property
     def head_dim(self) -> int:

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from sentemb_jax import validation
+
 Array = jax.Array
 DType = Any
 
@@ -432,13 +434,12 @@ REMAT_POLICIES = ("none", "dots", "full")
 _SAVED = {"dots": jax.checkpoint_policies.save_only_these_names("dense"), "full": None}
 
 
-def remat_policy(remat: bool | str) -> str:
+def remat_policy(remat: bool | str, api: str = "layer_stack") -> str:
     """The policy a config's `remat` names: 'none' / 'dots' / 'full'; False and True (older
-    configs) mean 'none' and 'full'."""
+    configs) mean 'none' and 'full'. Another value is a ConfigError naming `api`.remat."""
     if isinstance(remat, bool):
         return "full" if remat else "none"
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"remat {remat!r}: want one of {REMAT_POLICIES} (or True / False)")
+    validation.require_choice(remat, REMAT_POLICIES, api, "remat")
     return remat
 
 

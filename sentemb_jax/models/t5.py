@@ -13,9 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax import validation
 from sentemb_jax.models.common import (
-    REMAT_POLICIES,
     Dense,
     Dropout,
     Embed,
@@ -27,6 +25,7 @@ from sentemb_jax.models.common import (
     layer_stack,
     padding_bias,
     partitioned,
+    remat_policy,
     segment_bias,
 )
 
@@ -75,8 +74,7 @@ class T5Config:
     attention_implementation: str | None = None
 
     def __post_init__(self):
-        if not isinstance(self.remat, bool):  # a policy named wrong: refused here, not while tracing
-            validation.require_choice(self.remat, REMAT_POLICIES, "sentemb_jax.T5Config", "remat")
+        remat_policy(self.remat, "sentemb_jax.T5Config")  # a policy named wrong: refused here, not while tracing
 
     @property
     def decoder_dropout(self) -> float:
