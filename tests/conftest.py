@@ -124,6 +124,14 @@ def minilm_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def mpnet_dir() -> str:
+    """The all-mpnet-base-v2 directory `make venv` unpacks (`python -m sentemb_jax.hub install-mpnet`)."""
+    from sentemb_jax.hub import packaged_mpnet_path
+
+    return packaged_mpnet_path()
+
+
+@pytest.fixture(scope="session")
 def stsb_test(data_dir):
     from sentemb_jax.data.files import read_sts_pairs
 
