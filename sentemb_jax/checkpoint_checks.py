@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sentemb_jax.errors import CheckpointError
+from sentemb_jax.models import family_for
 from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
@@ -38,16 +39,6 @@ CONFIG_FILE = "config.json"
 # ---------------------------------------------------------------------------------------------
 # config.json values
 
-_FAMILIES = {"t5": "t5", "mt5": "t5", "bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "camembert": "bert"}
-_SIZES = {
-    "bert": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings", "type_vocab_size"),
-    "t5": ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
-           "relative_attention_num_buckets", "relative_attention_max_distance"),
-}
-_TOKEN_IDS = {"bert": ("pad_token_id",), "t5": ("pad_token_id", "eos_token_id", "decoder_start_token_id")}
-_DROPOUTS = {"bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"), "t5": ("dropout_rate",)}
-_EPSILONS = {"bert": ("layer_norm_eps",), "t5": ("layer_norm_epsilon",)}
 # transformers reads a null num_decoder_layers as "as many as num_layers".
 _NULL_MEANS_DEFAULT = ("num_decoder_layers",)
 
@@ -70,29 +61,32 @@ def check_hf_config(hf, source: str) -> None:
     transformers' defaults; a model_type we do not support is config_from_hf's to refuse)."""
     if not isinstance(hf, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(hf).__name__}")
-    family = _FAMILIES.get(hf.get("model_type"))
+    family = family_for(hf.get("model_type"))
     if family is None:
         return
+    fields = family.config_fields
     problems = []
-    for field in _SIZES[family]:
+    for field in fields.sizes:
         value = hf.get(field)
         if field in hf and not (_is_int(value) and value >= 1) and not (value is None and field in _NULL_MEANS_DEFAULT):
             problems.append(f"{field} must be a positive integer, got {_shown(value)}")
     vocab = hf.get("vocab_size") if _is_int(hf.get("vocab_size")) and hf["vocab_size"] >= 1 else None
-    for field in _TOKEN_IDS[family]:
+    for field in fields.token_ids:
         value = hf.get(field)
         if value is not None and not (_is_int(value) and 0 <= value < (vocab or value + 1)):
             allowed = f"an integer in [0, vocab_size={vocab})" if vocab else "an integer >= 0"
             problems.append(f"{field} must be {allowed}, got {_shown(value)}")
-    for field in _DROPOUTS[family]:
+    for field in fields.dropouts:
         if field in hf and not (_is_real(hf[field]) and 0 <= hf[field] < 1):
             problems.append(f"{field} must be a probability in [0, 1), got {_shown(hf[field])}")
-    for field in _EPSILONS[family]:
+    for field in fields.epsilons:
         if field in hf and not (_is_real(hf[field]) and hf[field] > 0):
             problems.append(f"{field} must be a number > 0, got {_shown(hf[field])}")
-    hidden, heads = hf.get("hidden_size"), hf.get("num_attention_heads")
-    if family == "bert" and _is_int(hidden) and _is_int(heads) and hidden >= 1 and heads >= 1 and hidden % heads:
-        problems.append(f"hidden_size {hidden} must be a multiple of num_attention_heads {heads}")
+    if fields.divisible:
+        (hidden_field, heads_field), (hidden, heads) = fields.divisible, (hf.get(f) for f in fields.divisible)
+        if _is_int(hidden) and _is_int(heads) and hidden >= 1 and heads >= 1 and hidden % heads:
+            problems.append(f"{hidden_field} {hidden} must be a multiple of {heads_field} {heads}")
+    problems += fields.check(hf)
     if problems:
         raise CheckpointError(f"{source}: " + "; ".join(problems))
 

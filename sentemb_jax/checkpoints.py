@@ -32,7 +32,7 @@ from safetensors.flax import save_file
 from sentemb_jax import checkpoint_checks as checks
 from sentemb_jax.checkpoint_checks import CONFIG_FILE, PICKLE_FILE, PICKLE_INDEX, SAFETENSORS_FILE, SAFETENSORS_INDEX
 from sentemb_jax.errors import CheckpointError
-from sentemb_jax.models import BertConfig, ModelConfig, T5Config, build_model
+from sentemb_jax.models import FAMILIES, ModelConfig, SequenceClassifier, build_model, family_for, family_of
 from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
@@ -57,58 +57,20 @@ def read_hf_config_dict(model_dir: str) -> dict:
     return hf
 
 
-def _token_id(config, name: str, default: int) -> int:
-    value = getattr(config, name, None)
-    return default if value is None else int(value)
-
-
-_ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
-
-
 def config_from_hf(hf: dict, tensor_names: Iterable[str] = (), source: str = CONFIG_FILE, **overrides) -> ModelConfig:
-    """Our backbone config from a config.json dict (and which optional parts the weights hold);
-    `source` (the file) names where a bad value came from."""
+    """Our backbone config from a config.json dict (and which optional parts the weights hold), by
+    the family that reads its model_type (models.family); `source` (the file) names where a bad
+    value came from."""
     checks.check_hf_config(hf, source)  # transformers takes "12" for a count, or fails deep inside
     import transformers  # configs only: resolves defaults and legacy field names like HF does  # lazy: slow to import (seconds); only configs and tokenizer files are read with it
 
     model_type = hf.get("model_type")
-    names = set(tensor_names)
-    if model_type in ("t5", "mt5"):
-        c = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in hf.items() if k != "model_type"})
-        tied = hf.get("tie_word_embeddings", True) is not False
-        archs = hf.get("architectures") or []
-        cfg = T5Config(
-            vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.d_kv, d_ff=c.d_ff, num_layers=c.num_layers,
-            num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads,
-            relative_attention_num_buckets=c.relative_attention_num_buckets,
-            relative_attention_max_distance=c.relative_attention_max_distance, dropout_rate=c.dropout_rate,
-            layer_norm_epsilon=c.layer_norm_epsilon, dense_act_fn=c.dense_act_fn, is_gated_act=c.is_gated_act,
-            # Read from the raw dict: transformers 5 forces T5Config.tie_word_embeddings to True, but
-            # v1.1 / mT5 checkpoints say false and carry their own lm_head.weight (and skip the rescale).
-            tie_word_embeddings=tied,
-            scale_decoder_outputs=bool(hf.get("scale_decoder_outputs", tied)),
-            pad_token_id=_token_id(c, "pad_token_id", 0),
-            eos_token_id=_token_id(c, "eos_token_id", 1),
-            decoder_start_token_id=_token_id(c, "decoder_start_token_id", 0),
-            has_decoder=any(n.startswith("decoder.") for n in names) if names else not any("EncoderModel" in a for a in archs),
-            has_lm_head=any("ConditionalGeneration" in a for a in archs) if tied else "lm_head.weight" in names,
-        )
-    elif model_type == "bert" or model_type in _ROBERTA_TYPES:
-        pet = hf.get("position_embedding_type", "absolute")
-        if pet != "absolute":
-            raise CheckpointError(f"position_embedding_type={pet!r} is not supported (only 'absolute')")
-        c = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in hf.items() if k != "model_type"})
-        cfg = BertConfig(
-            model_type="bert" if model_type == "bert" else "roberta", vocab_size=c.vocab_size,
-            hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-            intermediate_size=c.intermediate_size, hidden_act=c.hidden_act, hidden_dropout_prob=c.hidden_dropout_prob,
-            attention_probs_dropout_prob=c.attention_probs_dropout_prob, max_position_embeddings=c.max_position_embeddings,
-            type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps,
-            pad_token_id=_token_id(c, "pad_token_id", 0),
-            add_pooling_layer=any(_strip_base_prefix(n, cfg_type="bert").startswith("pooler.") for n in names),
-        )
-    else:
-        raise CheckpointError(f"model_type={model_type!r} is not supported (t5, mt5, bert, roberta, xlm-roberta)")
+    family = family_for(model_type)
+    if family is None:
+        raise CheckpointError(f"{source}: model_type={model_type!r} is not supported "
+                              f"({', '.join(t for f in FAMILIES for t in f.model_types)})")
+    c = transformers.CONFIG_MAPPING[model_type](**{k: v for k, v in hf.items() if k != "model_type"})
+    cfg = family.config_from_hf(hf, c, frozenset(tensor_names))
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -116,108 +78,16 @@ def hf_config_of(cfg: ModelConfig) -> dict:
     """The config.json of a backbone that came from no checkpoint (a tower trained from scratch),
     such that config_from_hf gives `cfg` back (execution settings - dtype, scan, remat - and our
     dropout placement aside)."""
-    if isinstance(cfg, T5Config):
-        act = "gelu" if cfg.dense_act_fn == "gelu_new" else cfg.dense_act_fn  # HF: gated-gelu means gelu_new
-        return {"model_type": "t5", "architectures": ["T5Model" if cfg.has_decoder else "T5EncoderModel"],
-                "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.d_kv, "d_ff": cfg.d_ff,
-                "num_layers": cfg.num_layers, "num_decoder_layers": cfg.num_decoder_layers, "num_heads": cfg.num_heads,
-                "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
-                "relative_attention_max_distance": cfg.relative_attention_max_distance,
-                "dropout_rate": cfg.dropout_rate, "layer_norm_epsilon": cfg.layer_norm_epsilon,
-                "feed_forward_proj": ("gated-" if cfg.is_gated_act else "") + act,
-                "tie_word_embeddings": cfg.tie_word_embeddings, "scale_decoder_outputs": cfg.scale_decoder_outputs,
-                "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
-                "decoder_start_token_id": cfg.decoder_start_token_id, "is_encoder_decoder": cfg.has_decoder}
-    fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-              "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-              "layer_norm_eps", "pad_token_id")
-    return {"model_type": cfg.model_type, "architectures": ["BertModel" if cfg.model_type == "bert" else "RobertaModel"],
-            **{f: getattr(cfg, f) for f in fields}}
-
-
-# ---------------------------------------------------------------------------------------------
-# Name maps: HF tensor name -> (our param path with layers unstacked, transpose?)
-
-
-def _t5_name_map(cfg: T5Config) -> dict[str, tuple[Path, bool]]:
-    m: dict[str, tuple[Path, bool]] = {"shared.weight": (("shared", "embedding"), False)}
-
-    def attention(hf_prefix: str, ours: Path):
-        for hf, our in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out")):
-            m[f"{hf_prefix}.{hf}.weight"] = (ours + (our, "kernel"), True)
-
-    def mlp(hf_prefix: str, ours: Path):
-        for n in ("wi_0", "wi_1", "wo") if cfg.is_gated_act else ("wi", "wo"):
-            m[f"{hf_prefix}.DenseReluDense.{n}.weight"] = (ours + ("mlp", n, "kernel"), True)
-
-    def norm(hf_name: str, ours: Path):
-        m[hf_name] = (ours + ("scale",), False)
-
-    for i in range(cfg.num_layers):
-        hf, ours = f"encoder.block.{i}", ("encoder", f"layers_{i}")
-        attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
-        norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_attention_layer_norm",))
-        mlp(f"{hf}.layer.1", ours)
-        norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
-    m["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("encoder", "relpos_bias", "rel_embedding"), False)
-    norm("encoder.final_layer_norm.weight", ("encoder", "encoder_norm"))
-    if cfg.has_decoder:
-        for i in range(cfg.num_decoder_layers):
-            hf, ours = f"decoder.block.{i}", ("decoder", f"layers_{i}")
-            attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
-            norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_self_attention_layer_norm",))
-            attention(f"{hf}.layer.1.EncDecAttention", ours + ("encoder_decoder_attention",))
-            norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_cross_attention_layer_norm",))
-            mlp(f"{hf}.layer.2", ours)
-            norm(f"{hf}.layer.2.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
-        m["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("decoder", "relpos_bias", "rel_embedding"), False)
-        norm("decoder.final_layer_norm.weight", ("decoder", "decoder_norm"))
-        if cfg.has_lm_head and not cfg.tie_word_embeddings:
-            m["lm_head.weight"] = (("lm_head", "kernel"), True)
-    return m
-
-
-def _bert_name_map(cfg: BertConfig) -> dict[str, tuple[Path, bool]]:
-    m: dict[str, tuple[Path, bool]] = {}
-
-    def dense(hf: str, ours: Path):
-        m[f"{hf}.weight"] = (ours + ("kernel",), True)
-        m[f"{hf}.bias"] = (ours + ("bias",), False)
-
-    def norm(hf: str, ours: Path):
-        m[f"{hf}.weight"] = (ours + ("scale",), False)
-        m[f"{hf}.bias"] = (ours + ("bias",), False)
-
-    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        m[f"embeddings.{table}.weight"] = (("embeddings", table, "embedding"), False)
-    norm("embeddings.LayerNorm", ("embeddings", "layer_norm"))
-    for i in range(cfg.num_hidden_layers):
-        hf, ours = f"encoder.layer.{i}", ("encoder", f"layers_{i}")
-        for part in ("query", "key", "value"):
-            dense(f"{hf}.attention.self.{part}", ours + ("attention", part))
-        dense(f"{hf}.attention.output.dense", ours + ("attention", "out"))
-        norm(f"{hf}.attention.output.LayerNorm", ours + ("attention_layer_norm",))
-        dense(f"{hf}.intermediate.dense", ours + ("intermediate",))
-        dense(f"{hf}.output.dense", ours + ("output",))
-        norm(f"{hf}.output.LayerNorm", ours + ("output_layer_norm",))
-    if cfg.add_pooling_layer:
-        dense("pooler.dense", ("pooler",))
-    return m
+    return family_of(cfg).hf_config_of(cfg)
 
 
 def hf_name_map(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
-    return _t5_name_map(cfg) if isinstance(cfg, T5Config) else _bert_name_map(cfg)
+    """HF tensor name -> (our param path with layers unstacked, transpose?)."""
+    return family_of(cfg).hf_name_map(cfg)
 
 
-# Tensors that may be in a file but are not parameters of ours: buffers and tied copies.
-_T5_REDUNDANT = re.compile(r"^(encoder\.embed_tokens\.weight|decoder\.embed_tokens\.weight)$")
-_BERT_REDUNDANT = re.compile(r"^embeddings\.position_ids$")
-# Task heads of *ForMaskedLM / *ForSequenceClassification ... checkpoints: not part of the encoder.
-_BERT_HEADS = re.compile(r"^(cls|lm_head|classifier|qa_outputs)\.")
-
-
-def _strip_base_prefix(name: str, cfg_type: str) -> str:
-    for prefix in ("bert.", "roberta.") if cfg_type != "t5" else ():
+def _strip_base_prefix(name: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
@@ -361,23 +231,22 @@ def unstack_layers(params: dict) -> dict:
 def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str = "checkpoint", ignore_unexpected: Iterable[str] = ()) -> dict:
     """Map HF tensors onto our param tree, checking every name, shape, dtype (floating for floating
     parameters) and value (no NaN / inf); errors list them all."""
-    is_t5 = isinstance(cfg, T5Config)
+    family = family_of(cfg)
     name_map = hf_name_map(cfg)
-    redundant = _T5_REDUNDANT if is_t5 else _BERT_REDUNDANT
-    if is_t5 and cfg.tie_word_embeddings:
-        redundant = re.compile(redundant.pattern + r"|^lm_head\.weight$")
+    redundant = re.compile(family.ignored_tensors(cfg))
+    heads_pattern = re.compile(family.head_tensors) if family.head_tensors else None
     extra_ignore = [re.compile(p) for p in ignore_unexpected]
     expected = traverse_util.flatten_dict(abstract_params(dataclasses.replace(cfg, scan_layers=False)))
 
     found: dict[str, np.ndarray] = {}
     unexpected, heads = [], []
     for raw_name, value in tensors.items():
-        name = _legacy_rename(_strip_base_prefix(raw_name, "t5" if is_t5 else "bert"))
+        name = _legacy_rename(_strip_base_prefix(raw_name, family.base_prefixes))
         if name in name_map:
             found[name] = value
         elif redundant.search(name) or any(p.search(raw_name) for p in extra_ignore):
             continue
-        elif not is_t5 and _BERT_HEADS.search(name):
+        elif heads_pattern is not None and heads_pattern.search(name):
             heads.append(raw_name)
         else:
             unexpected.append(raw_name)
@@ -421,25 +290,15 @@ def params_to_hf(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------------------------------------
 # *ForSequenceClassification heads with one logit <-> the params of models.cross.ClassifierHead
-# ({"pooler": {kernel, bias}, "kernel", "bias"}): BERT's head is bert.pooler.dense (tanh) then
-# `classifier`; the RoBERTa family's is classifier.dense (tanh) then classifier.out_proj.
+# ({"pooler": {kernel, bias}, "kernel", "bias"}), each family's layouts in its
+# `sequence_classifiers` (BERT: bert.pooler.dense (tanh) then `classifier`; RoBERTa and MPNet:
+# classifier.dense (tanh) then classifier.out_proj).
 
-SEQUENCE_CLASSIFIERS = {  # config.json model_type -> (architecture, base model prefix)
-    "bert": ("BertForSequenceClassification", "bert."),
-    "roberta": ("RobertaForSequenceClassification", "roberta."),
-    "xlm-roberta": ("XLMRobertaForSequenceClassification", "roberta."),
-    "camembert": ("CamembertForSequenceClassification", "roberta."),
-}
+SEQUENCE_CLASSIFIERS: dict[str, SequenceClassifier] = {t: c for f in FAMILIES for t, c in f.sequence_classifiers.items()}
 
 
 def is_sequence_classifier(hf: dict) -> bool:
     return any(str(a).endswith("ForSequenceClassification") for a in hf.get("architectures") or [])
-
-
-def _classifier_names(model_type: str) -> tuple[str, str]:
-    """(tanh dense, output linear) tensor-name prefixes of the head."""
-    prefix = SEQUENCE_CLASSIFIERS[model_type][1]
-    return (f"{prefix}pooler.dense", "classifier") if model_type == "bert" else ("classifier.dense", "classifier.out_proj")
 
 
 def split_sequence_classifier(hf: dict, tensors: dict[str, np.ndarray], source: str) -> tuple[dict[str, np.ndarray], dict]:
@@ -448,10 +307,11 @@ def split_sequence_classifier(hf: dict, tensors: dict[str, np.ndarray], source: 
     if model_type not in SEQUENCE_CLASSIFIERS:
         raise CheckpointError(f"{source}: a sequence-classification head of model_type={model_type!r} is not supported "
                               f"(supported: {', '.join(SEQUENCE_CLASSIFIERS)})")
-    dense, out = _classifier_names(model_type)
+    layout = SEQUENCE_CLASSIFIERS[model_type]
+    dense, out = layout.dense, layout.out
     rest, head, missing = dict(tensors), {}, []
     for name in (f"{dense}.weight", f"{dense}.bias", f"{out}.weight", f"{out}.bias"):
-        short = name.removeprefix(SEQUENCE_CLASSIFIERS[model_type][1])
+        short = name.removeprefix(layout.prefix)
         key = name if name in rest else short if short in rest else None
         if key is None:
             missing.append(name)
@@ -475,9 +335,9 @@ def split_sequence_classifier(hf: dict, tensors: dict[str, np.ndarray], source: 
 
 def sequence_classifier_to_hf(model_type: str, cfg: ModelConfig, backbone: dict, head: dict) -> dict[str, np.ndarray]:
     """Every tensor of the *ForSequenceClassification checkpoint of (backbone, head) params."""
-    prefix = SEQUENCE_CLASSIFIERS[model_type][1]
-    out = {prefix + name: value for name, value in params_to_hf(cfg, backbone).items()}
-    dense, linear = _classifier_names(model_type)
+    layout = SEQUENCE_CLASSIFIERS[model_type]
+    out = {layout.prefix + name: value for name, value in params_to_hf(cfg, backbone).items()}
+    dense, linear = layout.dense, layout.out
     f32 = lambda x: np.ascontiguousarray(np.asarray(jax.device_get(x), np.float32))  # noqa: E731
     out.update({f"{dense}.weight": f32(head["pooler"]["kernel"]).T.copy(), f"{dense}.bias": f32(head["pooler"]["bias"]),
                 f"{linear}.weight": f32(head["kernel"]).T.copy(), f"{linear}.bias": f32(head["bias"])})

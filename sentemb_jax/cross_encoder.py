@@ -20,7 +20,7 @@ The directories it reads and writes (the head kinds are `pooling` in sentemb_jax
   tanh pooler), so BERT-family models with these heads are written in this layout: exact in
   sentence-transformers, not loadable by transformers' AutoModelForSequenceClassification.
 - ours: the backbone in HF layout + cross_encoder_head.safetensors + cross_encoder.json. T5
-  cross-encoders are written so (their pair is one text, T5_PAIR_FORMAT, which neither transformers
+  cross-encoders are written so (their pair is one text, models.t5.PAIR_FORMAT, which neither transformers
   nor sentence-transformers builds; cross_encoder.json and README.md in the directory say so), and
   directories of earlier versions (any backbone) load.
 
@@ -52,8 +52,8 @@ from sentemb_jax.inference import (
     shared_programs,
     warm_up_lengths,
 )
-from sentemb_jax.models import ModelConfig, T5Config
-from sentemb_jax.models.cross import CROSS_POOLING, T5_PAIR_FORMAT, CrossEncoderModule
+from sentemb_jax.models import ModelConfig, family_of
+from sentemb_jax.models.cross import CROSS_POOLING, CrossEncoderModule
 from sentemb_jax.st_layout import read_dense, read_json, read_layout, write_json
 from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
 
@@ -122,12 +122,13 @@ class CrossEncoder:
             if pooling is not None and pooling != saved[0]:
                 log.warning("%s: the saved head pools %r; pooling=%r is ignored", path, saved[0], pooling)
             pooling = saved[0]
-        pooling = pooling or ("first" if isinstance(cfg, T5Config) else "pooler")
+        family = family_of(cfg)
+        pooling = pooling or family.cross_pooling
         if pooling not in CROSS_POOLING:
             raise ValueError(f"CrossEncoder: pooling {pooling!r} (choose from {CROSS_POOLING})")
-        if pooling == "pooler" and isinstance(cfg, T5Config):
-            raise ValueError("CrossEncoder: pooling 'pooler' (Hugging Face's sequence-classification head) is for "
-                             "BERT-family backbones; T5 takes 'first' or 'mean'")
+        if pooling not in family.cross_poolings:
+            raise ValueError(f"CrossEncoder: pooling {pooling!r} (Hugging Face's sequence-classification head) is for "
+                             f"BERT-family backbones (BERT, RoBERTa, MPNet); {family.name} takes {' or '.join(map(repr, family.cross_poolings))}")
         backbone = checkpoints.params_from_hf(cfg, tensors, source=tdir)
         pretrained_pooler = None
         if pooling == "pooler" and getattr(cfg, "add_pooling_layer", False):  # the head holds the pooler
@@ -135,7 +136,9 @@ class CrossEncoder:
             cfg = dataclasses.replace(cfg, add_pooling_layer=False)
         module = CrossEncoderModule(cfg, pooling=pooling)
         # HF's BertForSequenceClassification starts from the checkpoint's pooler; RoBERTa's head is new.
-        head = saved[1] if saved else new_head(module, seed, pretrained_pooler if hf.get("model_type") == "bert" else None)
+        classifier = checkpoints.SEQUENCE_CLASSIFIERS.get(hf.get("model_type"))
+        from_pooler = classifier is not None and classifier.head_from_pooler
+        head = saved[1] if saved else new_head(module, seed, pretrained_pooler if from_pooler else None)
         if max_seq_length is None:
             max_seq_length = saved[2] if saved else DEFAULT_MAX_LENGTH
         tokenizer = Tokenizer.from_pretrained(tdir, max_length=_within_positions(max_seq_length, cfg, path), buckets=buckets,
@@ -151,7 +154,7 @@ class CrossEncoder:
         return self.module.backbone_config
 
     def features(self, pairs: Sequence[tuple[str, str]], batch_size: int | None = None) -> dict[str, np.ndarray]:
-        """Padded model inputs for `pairs` (BERT: pair template + token types; T5: T5_PAIR_FORMAT)."""
+        """Padded model inputs for `pairs` (BERT: pair template + token types; T5: models.t5.PAIR_FORMAT)."""
         ids, types = self.tokenize(pairs)
         return self.tokenizer.pad(ids, batch_size, types)
 
@@ -165,8 +168,9 @@ class CrossEncoder:
 
     def tokenize(self, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]] | None]:
         first, second = _split_pairs(pairs)
-        if isinstance(self.config, T5Config):
-            return self.tokenizer.tokenize([T5_PAIR_FORMAT.format(a, b) for a, b in zip(first, second)]), None
+        pair_format = family_of(self.config).pair_format
+        if pair_format is not None:
+            return self.tokenizer.tokenize([pair_format.format(a, b) for a, b in zip(first, second)]), None
         return self.tokenizer.tokenize_pairs(first, second)
 
     def predict(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64, activation: str = "sigmoid") -> np.ndarray:
@@ -215,7 +219,7 @@ class CrossEncoder:
         `pooler`), sentence-transformers modules (BERT family, `first` / `mean`), ours (T5)."""
         os.makedirs(out_dir, exist_ok=True)
         params = jax.device_get(self.params)
-        if isinstance(self.config, T5Config):
+        if not family_of(self.config).sequence_classifiers:  # no layout of transformers' (T5)
             _remove(out_dir, [MODULES_JSON, ST_MODULE_CONFIG, ST_CONFIG] + _MODULE_FILES)
             self._save_ours(out_dir, params)
         else:
@@ -232,7 +236,7 @@ class CrossEncoder:
             raise CheckpointError(f"cannot save a sequence classifier of model_type={model_type!r}")
         labels = self.hf_config.get("id2label")
         labels = labels if isinstance(labels, dict) and len(labels) == 1 else {"0": "LABEL_0"}
-        hf = {**self.hf_config, "architectures": [checkpoints.SEQUENCE_CLASSIFIERS[model_type][0]],
+        hf = {**self.hf_config, "architectures": [checkpoints.SEQUENCE_CLASSIFIERS[model_type].architecture],
               "id2label": labels, "label2id": {name: int(i) for i, name in labels.items()}}
         hf.pop("num_labels", None)  # transformers writes id2label, from which it counts the labels
         write_json(os.path.join(out_dir, checkpoints.CONFIG_FILE), hf, sort_keys=True)
@@ -275,7 +279,7 @@ class CrossEncoder:
         checkpoints.write_safetensors(os.path.join(out_dir, HEAD_FILE),
                                       {k: np.asarray(params["head"][k], np.float32) for k in ("kernel", "bias")})
         write_json(os.path.join(out_dir, HEAD_CONFIG), {
-            "pooling": self.module.pooling, "t5_pair_format": T5_PAIR_FORMAT, "max_seq_length": self.tokenizer.max_length,
+            "pooling": self.module.pooling, "t5_pair_format": family_of(self.config).pair_format, "max_seq_length": self.tokenizer.max_length,
             "layout": _OUR_LAYOUT_NOTE})
         with open(os.path.join(out_dir, "README.md"), "w", encoding="utf-8") as f:
             f.write(f"# Cross-encoder (sentemb_jax)\n\n{_OUR_LAYOUT_NOTE}\n\n```python\nfrom sentemb_jax import CrossEncoder\n"

@@ -10,7 +10,6 @@ their semantics: sentemb_jax/encode_contract.py), and takes MTEB 1.x's `task_nam
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import numbers
 import os
@@ -41,7 +40,7 @@ from sentemb_jax.inference import (
     warm_up_lengths,
 )
 from sentemb_jax.locking import DirectoryLock
-from sentemb_jax.models import BertConfig, ModelConfig, T5Config
+from sentemb_jax.models import ModelConfig, family_of
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
@@ -63,11 +62,9 @@ def _restore_state(manager, step: int):
 
 
 def _position_limit(cfg) -> int | None:
-    """Tokens a backbone can take: BERT's learned positions (RoBERTa's start after padding_idx + 1);
-    None for T5 (relative positions, no table)."""
-    if isinstance(cfg, BertConfig):
-        return cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.model_type == "roberta" else 0)
-    return None
+    """Tokens a backbone can take: its family's learned position table (None: relative positions
+    only, as T5's)."""
+    return family_of(cfg).position_limit(cfg)
 
 
 def _within_positions(max_seq_length: int | None, cfg, path: str) -> int | None:
@@ -163,8 +160,8 @@ class SentenceEncoder(contract.ModelSettings):
         cfg, backbone_params, hf = checkpoints.load_hf_checkpoint(
             layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides
         )
-        modes = check_pooling_modes(pooling if pooling is not None else (layout.pooling or ("mean",)))
-        if ENCDEC_FIRST in modes and not (isinstance(cfg, T5Config) and cfg.has_decoder):
+        modes = check_pooling_modes(pooling if pooling is not None else (layout.pooling or family_of(cfg).default_pooling))
+        if ENCDEC_FIRST in modes and ENCDEC_FIRST not in family_of(cfg).extra_poolings(cfg):
             raise CheckpointError(f"{path}: pooling {ENCDEC_FIRST!r} needs a T5 checkpoint with a decoder")
         projection, proj_dim, proj_bias, proj_act = None, None, False, None
         if len(layout.dense_dirs) > 1:
@@ -388,8 +385,8 @@ class SentenceEncoder(contract.ModelSettings):
         """This model with only its first `layers` encoder layers (layer dropping: a student
         initialised from its teacher, as ConGen / SCT's students)."""
         cfg = self.config
-        field = "num_layers" if isinstance(cfg, T5Config) else "num_hidden_layers"
-        have = getattr(cfg, field)
+        family = family_of(cfg)
+        have = family.layers(cfg)
         if not 0 < layers <= have:
             raise ValueError(f"first_layers({layers}): the model has {have} encoder layers")
         if getattr(cfg, "scan_layers", False):
@@ -398,9 +395,10 @@ class SentenceEncoder(contract.ModelSettings):
         stack = {k: v for k, v in backbone["encoder"].items()
                  if not (k.startswith("layers_") and int(k.split("_")[1]) >= layers)}
         backbone["encoder"] = stack
-        # The HF config names the field as our configs do (T5: num_layers, BERT: num_hidden_layers).
-        return SentenceEncoder(self.module.clone(backbone_config=dataclasses.replace(cfg, **{field: layers})),
-                               {**self.params, "backbone": backbone}, self.tokenizer, {**self.hf_config, field: layers},
+        # The HF config names the field as our configs do (family.layers_field).
+        return SentenceEncoder(self.module.clone(backbone_config=family.first_layers(cfg, layers)),
+                               {**self.params, "backbone": backbone}, self.tokenizer,
+                               {**self.hf_config, family.layers_field: layers},
                                **self._settings())
 
     # ------------------------------------------------------------------ saving

@@ -64,6 +64,27 @@ def make_bert(path: str, model_type: str = "bert", seed: int = 0, pooler: bool =
     return model
 
 
+MPNET_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def make_mpnet(path: str, seed: int = 0, pooler: bool = True, tokenizer_dir: str | None = None, classifier: bool = False,
+               layers: int = 3):
+    """A tiny random MPNetModel (MPNetForSequenceClassification with one label: `classifier`); with
+    `tokenizer_dir` (all-mpnet-base-v2), its vocabulary and tokenizer files, so real text goes in."""
+    torch.manual_seed(seed)
+    cfg = transformers.MPNetConfig(vocab_size=30527 if tokenizer_dir else 120, hidden_size=32, num_hidden_layers=layers,
+                                   num_attention_heads=4, intermediate_size=64, max_position_embeddings=80,
+                                   relative_attention_num_buckets=32, num_labels=1)
+    if classifier:
+        model = transformers.MPNetForSequenceClassification(cfg)
+    else:
+        model = transformers.MPNetModel(cfg, add_pooling_layer=pooler)
+    model.eval().save_pretrained(path)
+    for name in MPNET_TOKENIZER_FILES if tokenizer_dir else ():
+        shutil.copy(os.path.join(tokenizer_dir, name), path)
+    return model
+
+
 def padded_batch(vocab: int, lengths: list[int], pad_id: int, low: int = 3, seed: int = 0):
     """Random ids with right padding to max(lengths); mask 1 on real tokens."""
     rng = np.random.default_rng(seed)

@@ -329,3 +329,39 @@ def test_no_reexport_shims():
     shims = [f"{n}: {line.strip()}" for n, src in _sources().items() for line in src.splitlines()
              if re.search(r"#\s*noqa: F401 - re-exported", line)]
     assert shims == [], shims
+
+
+FAMILY_CONFIGS = ("T5Config", "BertConfig", "MPNetConfig")
+# a model_type compared with a literal (a lookup in a table the families fill is no branch)
+MODEL_TYPE_TEST = re.compile(r"""model_type["']?\)?\s*(==|!=|in|not in)\s*[("'\[]|\.startswith\(["'](t5|bert|roberta|mpnet)""")
+
+
+def test_no_family_branches_outside_models():
+    """What differs between backbone families lives in each family's module (models.family): no
+    isinstance test on a family config, and no test of a config's model_type, outside models/."""
+    branches = []
+    for name, path in MODULES.items():
+        if name.startswith("sentemb_jax.models"):
+            continue
+        source = open(path, encoding="utf-8").read()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                named = {getattr(c, "id", None) or getattr(c, "attr", None) for c in classes}
+                if named & set(FAMILY_CONFIGS):
+                    branches.append(f"{name}:{node.lineno}: isinstance(..., {', '.join(sorted(named))})")
+        for number, line in enumerate(source.splitlines(), 1):
+            if MODEL_TYPE_TEST.search(line):
+                branches.append(f"{name}:{number}: {line.strip()}")
+    assert branches == []
+
+
+def test_the_family_check_sees_a_branch(tmp_path):
+    """The test above would pass vacuously if its patterns missed the forms branches take."""
+    assert MODEL_TYPE_TEST.search('if hf.get("model_type") == "bert":')
+    assert MODEL_TYPE_TEST.search('if str(cfg.get("model_type", "")).startswith("t5"):')
+    assert MODEL_TYPE_TEST.search('if model_type in ("t5", "mt5"):')
+    assert not MODEL_TYPE_TEST.search("if model_type not in checkpoints.SEQUENCE_CLASSIFIERS:")
+    tree = ast.parse("isinstance(cfg, (T5Config, models.BertConfig))")
+    call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call))
+    assert {getattr(c, "id", None) or getattr(c, "attr", None) for c in call.args[1].elts} == {"T5Config", "BertConfig"}

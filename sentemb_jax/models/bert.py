@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sentemb_jax.errors import CheckpointError
 from sentemb_jax.models.common import (
     Dense,
     Dropout,
@@ -21,6 +22,7 @@ from sentemb_jax.models.common import (
     remat_policy,
     segment_bias,
 )
+from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier
 
 Array = jax.Array
 
@@ -161,3 +163,100 @@ class Bert(nn.Module):
     def __call__(self, input_ids, attention_mask, deterministic: bool = True):
         x, _ = self.encode(input_ids, attention_mask, deterministic)
         return self.pool(x) if self.config.add_pooling_layer else x
+
+
+# ---------------------------------------------------------------------------------------------
+# The family: Hugging Face's config.json and tensor names (models.family)
+
+ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
+BASE_PREFIXES = ("bert.", "roberta.")
+
+
+def strip_base_prefix(name: str, prefixes=BASE_PREFIXES) -> str:
+    """A *For... checkpoint's base-model tensor name as the base model's own."""
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def config_from_hf(hf: dict, c, names: frozenset) -> BertConfig:
+    pet = hf.get("position_embedding_type", "absolute")
+    if pet != "absolute":
+        raise CheckpointError(f"position_embedding_type={pet!r} is not supported (only 'absolute')")
+    pad = getattr(c, "pad_token_id", None)
+    return BertConfig(
+        model_type="bert" if hf.get("model_type") == "bert" else "roberta", vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        intermediate_size=c.intermediate_size, hidden_act=c.hidden_act, hidden_dropout_prob=c.hidden_dropout_prob,
+        attention_probs_dropout_prob=c.attention_probs_dropout_prob, max_position_embeddings=c.max_position_embeddings,
+        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, pad_token_id=0 if pad is None else int(pad),
+        add_pooling_layer=any(strip_base_prefix(n).startswith("pooler.") for n in names),
+    )
+
+
+HF_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+             "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+             "layer_norm_eps", "pad_token_id")
+
+
+def hf_config_of(cfg: BertConfig) -> dict:
+    return {"model_type": cfg.model_type, "architectures": ["BertModel" if cfg.model_type == "bert" else "RobertaModel"],
+            **{f: getattr(cfg, f) for f in HF_FIELDS}}
+
+
+def dense_names(m: dict, hf: str, ours: tuple) -> None:
+    """A torch Linear (weight [out, in], bias) onto a Dense (kernel [in, out], bias)."""
+    m[f"{hf}.weight"] = (ours + ("kernel",), True)
+    m[f"{hf}.bias"] = (ours + ("bias",), False)
+
+
+def norm_names(m: dict, hf: str, ours: tuple) -> None:
+    m[f"{hf}.weight"] = (ours + ("scale",), False)
+    m[f"{hf}.bias"] = (ours + ("bias",), False)
+
+
+def hf_name_map(cfg: BertConfig) -> dict:
+    m: dict = {}
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        m[f"embeddings.{table}.weight"] = (("embeddings", table, "embedding"), False)
+    norm_names(m, "embeddings.LayerNorm", ("embeddings", "layer_norm"))
+    for i in range(cfg.num_hidden_layers):
+        hf, ours = f"encoder.layer.{i}", ("encoder", f"layers_{i}")
+        for part in ("query", "key", "value"):
+            dense_names(m, f"{hf}.attention.self.{part}", ours + ("attention", part))
+        dense_names(m, f"{hf}.attention.output.dense", ours + ("attention", "out"))
+        norm_names(m, f"{hf}.attention.output.LayerNorm", ours + ("attention_layer_norm",))
+        dense_names(m, f"{hf}.intermediate.dense", ours + ("intermediate",))
+        dense_names(m, f"{hf}.output.dense", ours + ("output",))
+        norm_names(m, f"{hf}.output.LayerNorm", ours + ("output_layer_norm",))
+    if cfg.add_pooling_layer:
+        dense_names(m, "pooler.dense", ("pooler",))
+    return m
+
+
+def position_limit(cfg: BertConfig) -> int:
+    """Learned positions; RoBERTa's start after padding_idx + 1."""
+    return cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.model_type == "roberta" else 0)
+
+
+# Task heads of *ForMaskedLM / *ForSequenceClassification ... checkpoints: not part of the encoder.
+HEAD_TENSORS = r"^(cls|lm_head|classifier|qa_outputs)\."
+
+FAMILY = Family(
+    name="bert", config_type=BertConfig, module_type=Bert, model_types=("bert",) + ROBERTA_TYPES,
+    config_from_hf=config_from_hf, hf_config_of=hf_config_of, hf_name_map=hf_name_map, layers_field="num_hidden_layers",
+    config_fields=ConfigFields(
+        sizes=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size"),
+        token_ids=("pad_token_id",), dropouts=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        epsilons=("layer_norm_eps",), divisible=("hidden_size", "num_attention_heads")),
+    position_limit=position_limit, base_prefixes=BASE_PREFIXES,
+    ignored_tensors=lambda cfg: r"^embeddings\.position_ids$", head_tensors=HEAD_TENSORS,
+    sequence_classifiers={
+        "bert": SequenceClassifier("BertForSequenceClassification", "bert.", "bert.pooler.dense", "classifier",
+                                   head_from_pooler=True),
+        **{t: SequenceClassifier(f"{n}ForSequenceClassification", "roberta.", "classifier.dense", "classifier.out_proj")
+           for t, n in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta"), ("camembert", "Camembert"))},
+    },
+)

@@ -1,7 +1,7 @@
 """A cross-encoder: both sentences of a pair encoded jointly, one relevance logit from a linear head.
 
 BERT-family input is "[CLS] s1 [SEP] s2 [SEP]" with token types 0 / 1 (the tokenizer's pair
-template). T5 has no pair template: the pair is one text, `T5_PAIR_FORMAT` (T5's GLUE style), and
+template). T5 has no pair template: the pair is one text, `models.t5.PAIR_FORMAT` (T5's GLUE style), and
 the encoder states feed the head. The head reads the first token (`first`, BERT's [CLS]) or the
 mean over tokens, then dropout and a Dense to one logit. `pooler` is Hugging Face's
 *ForSequenceClassification head: the first token through tanh(Dense(hidden)) (BERT's pooler,
@@ -20,7 +20,6 @@ from sentemb_jax.models.common import Dense, Dropout, gather_tokens, partitioned
 
 Array = jax.Array
 
-T5_PAIR_FORMAT = "sentence1: {} sentence2: {}"
 CROSS_POOLING = ("first", "mean", "pooler")
 
 

@@ -28,6 +28,8 @@ from sentemb_jax.models.common import (
     remat_policy,
     segment_bias,
 )
+from sentemb_jax.models.family import ConfigFields, Family
+from sentemb_jax.pooling import ENCDEC_FIRST
 
 Array = jax.Array
 
@@ -313,3 +315,102 @@ class T5(nn.Module):
             decoder_input_ids = jnp.full((input_ids.shape[0], 1), self.config.decoder_start_token_id, jnp.int32)
         hidden = self.decode(decoder_input_ids, encoded, attention_mask, None, deterministic)
         return self.logits(hidden) if self.config.has_lm_head else hidden
+
+
+# ---------------------------------------------------------------------------------------------
+# The family: Hugging Face's config.json and tensor names (models.family)
+
+PAIR_FORMAT = "sentence1: {} sentence2: {}"  # T5 has no pair template: a pair is one text (its GLUE style)
+
+
+def _token_id(c, name: str, default: int) -> int:
+    value = getattr(c, name, None)
+    return default if value is None else int(value)
+
+
+def config_from_hf(hf: dict, c, names: frozenset) -> T5Config:
+    tied = hf.get("tie_word_embeddings", True) is not False
+    archs = hf.get("architectures") or []
+    return T5Config(
+        vocab_size=c.vocab_size, d_model=c.d_model, d_kv=c.d_kv, d_ff=c.d_ff, num_layers=c.num_layers,
+        num_decoder_layers=c.num_decoder_layers, num_heads=c.num_heads,
+        relative_attention_num_buckets=c.relative_attention_num_buckets,
+        relative_attention_max_distance=c.relative_attention_max_distance, dropout_rate=c.dropout_rate,
+        layer_norm_epsilon=c.layer_norm_epsilon, dense_act_fn=c.dense_act_fn, is_gated_act=c.is_gated_act,
+        # Read from the raw dict: transformers 5 forces T5Config.tie_word_embeddings to True, but
+        # v1.1 / mT5 checkpoints say false and carry their own lm_head.weight (and skip the rescale).
+        tie_word_embeddings=tied,
+        scale_decoder_outputs=bool(hf.get("scale_decoder_outputs", tied)),
+        pad_token_id=_token_id(c, "pad_token_id", 0),
+        eos_token_id=_token_id(c, "eos_token_id", 1),
+        decoder_start_token_id=_token_id(c, "decoder_start_token_id", 0),
+        has_decoder=any(n.startswith("decoder.") for n in names) if names else not any("EncoderModel" in a for a in archs),
+        has_lm_head=any("ConditionalGeneration" in a for a in archs) if tied else "lm_head.weight" in names,
+    )
+
+
+def hf_config_of(cfg: T5Config) -> dict:
+    act = "gelu" if cfg.dense_act_fn == "gelu_new" else cfg.dense_act_fn  # HF: gated-gelu means gelu_new
+    return {"model_type": "t5", "architectures": ["T5Model" if cfg.has_decoder else "T5EncoderModel"],
+            "vocab_size": cfg.vocab_size, "d_model": cfg.d_model, "d_kv": cfg.d_kv, "d_ff": cfg.d_ff,
+            "num_layers": cfg.num_layers, "num_decoder_layers": cfg.num_decoder_layers, "num_heads": cfg.num_heads,
+            "relative_attention_num_buckets": cfg.relative_attention_num_buckets,
+            "relative_attention_max_distance": cfg.relative_attention_max_distance,
+            "dropout_rate": cfg.dropout_rate, "layer_norm_epsilon": cfg.layer_norm_epsilon,
+            "feed_forward_proj": ("gated-" if cfg.is_gated_act else "") + act,
+            "tie_word_embeddings": cfg.tie_word_embeddings, "scale_decoder_outputs": cfg.scale_decoder_outputs,
+            "pad_token_id": cfg.pad_token_id, "eos_token_id": cfg.eos_token_id,
+            "decoder_start_token_id": cfg.decoder_start_token_id, "is_encoder_decoder": cfg.has_decoder}
+
+
+def hf_name_map(cfg: T5Config) -> dict:
+    m = {"shared.weight": (("shared", "embedding"), False)}
+
+    def attention(hf_prefix: str, ours):
+        for hf, our in (("q", "query"), ("k", "key"), ("v", "value"), ("o", "out")):
+            m[f"{hf_prefix}.{hf}.weight"] = (ours + (our, "kernel"), True)
+
+    def mlp(hf_prefix: str, ours):
+        for n in ("wi_0", "wi_1", "wo") if cfg.is_gated_act else ("wi", "wo"):
+            m[f"{hf_prefix}.DenseReluDense.{n}.weight"] = (ours + ("mlp", n, "kernel"), True)
+
+    def norm(hf_name: str, ours):
+        m[hf_name] = (ours + ("scale",), False)
+
+    for i in range(cfg.num_layers):
+        hf, ours = f"encoder.block.{i}", ("encoder", f"layers_{i}")
+        attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
+        norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_attention_layer_norm",))
+        mlp(f"{hf}.layer.1", ours)
+        norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
+    m["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("encoder", "relpos_bias", "rel_embedding"), False)
+    norm("encoder.final_layer_norm.weight", ("encoder", "encoder_norm"))
+    if cfg.has_decoder:
+        for i in range(cfg.num_decoder_layers):
+            hf, ours = f"decoder.block.{i}", ("decoder", f"layers_{i}")
+            attention(f"{hf}.layer.0.SelfAttention", ours + ("self_attention",))
+            norm(f"{hf}.layer.0.layer_norm.weight", ours + ("pre_self_attention_layer_norm",))
+            attention(f"{hf}.layer.1.EncDecAttention", ours + ("encoder_decoder_attention",))
+            norm(f"{hf}.layer.1.layer_norm.weight", ours + ("pre_cross_attention_layer_norm",))
+            mlp(f"{hf}.layer.2", ours)
+            norm(f"{hf}.layer.2.layer_norm.weight", ours + ("pre_mlp_layer_norm",))
+        m["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (("decoder", "relpos_bias", "rel_embedding"), False)
+        norm("decoder.final_layer_norm.weight", ("decoder", "decoder_norm"))
+        if cfg.has_lm_head and not cfg.tie_word_embeddings:
+            m["lm_head.weight"] = (("lm_head", "kernel"), True)
+    return m
+
+
+FAMILY = Family(
+    name="t5", config_type=T5Config, module_type=T5, model_types=("t5", "mt5"),
+    config_from_hf=config_from_hf, hf_config_of=hf_config_of, hf_name_map=hf_name_map, layers_field="num_layers",
+    config_fields=ConfigFields(
+        sizes=("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+               "relative_attention_num_buckets", "relative_attention_max_distance"),
+        token_ids=("pad_token_id", "eos_token_id", "decoder_start_token_id"), dropouts=("dropout_rate",),
+        epsilons=("layer_norm_epsilon",)),
+    # Tied copies of `shared`; a tied checkpoint's lm_head.weight is `shared` too.
+    ignored_tensors=lambda cfg: r"^(encoder|decoder)\.embed_tokens\.weight$" + (r"|^lm_head\.weight$" if cfg.tie_word_embeddings else ""),
+    extra_poolings=lambda cfg: (ENCDEC_FIRST,) if cfg.has_decoder else (),
+    cross_pooling="first", cross_poolings=("first", "mean"), pair_format=PAIR_FORMAT,
+)

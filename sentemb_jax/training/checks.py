@@ -5,7 +5,6 @@ ConfigError (exit 2). The numbers themselves are checked when the RunConfig is m
 run several trains (distill_report, ensemble_distill) check them all before the first starts."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -14,9 +13,11 @@ import numpy as np
 
 from sentemb_jax import partitioning
 from sentemb_jax import validation as v
+from sentemb_jax.checkpoints import config_from_hf, read_hf_config_dict
 from sentemb_jax.data.sources import seqio_route_reason, task_specs
 from sentemb_jax.dependencies import require_tensorflow
-from sentemb_jax.errors import DataError, TrainingError
+from sentemb_jax.errors import CheckpointError, DataError, TrainingError
+from sentemb_jax.models import family_of
 from sentemb_jax.paths import default_data_dir, is_remote
 from sentemb_jax.preflight import require_dir, require_model_dir
 from sentemb_jax.run_dir import BEST, CHECKPOINTS
@@ -27,20 +28,16 @@ TOWER, DATA = "sentemb_jax.TowerConfig", "sentemb_jax.DataConfig"
 
 
 def check_positions(length, model_dir, api: str, param: str) -> None:
-    """A length past the position table of a BERT-family `model_dir` (read from its config.json
-    only; nothing loaded) is refused: those tokens would get NaN embeddings. T5: no table."""
+    """A length past the position table of `model_dir`'s backbone (its family's limit, from its
+    config.json only; no weights read) is refused: those tokens would get NaN embeddings."""
     if not model_dir or not isinstance(model_dir, str) or is_remote(model_dir) or not os.path.isdir(model_dir):
         return  # a missing directory is reported by the preflight checks
     try:
-        with open(os.path.join(transformer_dir_of(model_dir), "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        positions = int(cfg["max_position_embeddings"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # no table (T5) or an unreadable config: reported when the model loads
-    if str(cfg.get("model_type", "")).startswith("t5"):
-        return
-    limit = positions - (int(cfg.get("pad_token_id", 1)) + 1 if cfg.get("model_type") == "roberta" else 0)
-    if v._is_int(length) and length > limit:
+        cfg = config_from_hf(read_hf_config_dict(transformer_dir_of(model_dir)))
+    except (CheckpointError, ValueError, TypeError):
+        return  # an unreadable or unsupported config: reported when the model loads
+    limit = family_of(cfg).position_limit(cfg)
+    if limit is not None and v._is_int(length) and length > limit:
         v.fail(length, api, param, f"must be an integer in [2, {limit}]: {model_dir} has {limit} positions "
                "(longer texts would get NaN embeddings)")
 
