@@ -183,8 +183,14 @@ class QueueDistill(Method):
             if self.kind in _SCT and self._teacher.get_sentence_embedding_dimension() != student.get_sentence_embedding_dimension():
                 raise ValueError(f"{name}: the teacher ({self._teacher.get_sentence_embedding_dimension()}-d) and the "
                                  f"student ({student.get_sentence_embedding_dimension()}-d) must embed in one space")
-            if self.kind == "sct_distill" and self._teacher.tokenizer.hf.get_vocab() != student.tokenizer.hf.get_vocab():
-                raise ValueError("SCT with a teacher runs the teacher on the student's token ids: they need one vocabulary")
+
+    def _check_online_teacher_vocabulary(self, student) -> None:
+        """A teacher that runs inside the step (view2 drawn anew each epoch) reads the student's token
+        ids: they need one vocabulary. A teacher whose embeddings are cached tokenises its own texts."""
+        if self._teacher.tokenizer.hf.get_vocab() != student.tokenizer.hf.get_vocab():
+            raise ValueError("SCT with a teacher and a view2 drawn anew each epoch runs the teacher on the student's "
+                             "token ids: they need one vocabulary (a 'fixed:' view2 is embedded once, by the teacher's "
+                             "own tokenizer)")
 
     def prepare(self, context: MethodContext) -> None:
         """Load the teacher; embed (or read from the cache) every training sentence (view1, and for
@@ -213,9 +219,11 @@ class QueueDistill(Method):
             raise ValueError(f"{type(self).__name__}: the teacher's view1 embeddings are computed once, so view1 must be "
                              f"the same in every epoch; {source.name} draws it anew ({source.views[0]!r}). Use 'none', "
                              "'fixed:<augmentation>', 'neighbour' or 'column:<name>' (DataConfig.views)")
+        texts2 = source.view_texts(1, sentences) if self.kind == "sct_distill" else None
+        if self.kind == "sct_distill" and texts2 is None and isinstance(self._teacher, SentenceEncoder):  # before it embeds
+            self._check_online_teacher_vocabulary(context.student)
         self._rows = cached_teacher_embeddings(self._teacher, texts, self.cache_dir, self.teacher_batch_size)
         if self.kind == "sct_distill":
-            texts2 = source.view_texts(1, sentences)
             if texts2 is not None:
                 self._rows2 = cached_teacher_embeddings(self._teacher, texts2, self.cache_dir, self.teacher_batch_size)
             else:

@@ -120,9 +120,10 @@ class RelativePositionBias(nn.Module):
 
     @nn.compact
     def __call__(self, q_len: int, k_len: int) -> Array:
-        # jnp, not np: lengths may be symbolic (a length-polymorphic SavedModel export).
-        context = jnp.arange(q_len, dtype=jnp.int32)[:, None]
-        memory = jnp.arange(k_len, dtype=jnp.int32)[None, :]
+        # iota, not np: lengths may be symbolic (a length-polymorphic SavedModel export); and not
+        # jnp.arange()[:, None], which jax2onnx's symbolic lengths do not trace through (ONNX export).
+        context = jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0)
+        memory = jax.lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
         buckets = relative_position_bucket(memory - context, self.bidirectional, self.num_buckets, self.max_distance)
         table = self.param(
             "rel_embedding",
