@@ -41,8 +41,9 @@ import numpy as np
 from sentemb_jax import checkpoints
 from sentemb_jax.checkpoint_checks import check_float_tensors, remove_other_weights
 from sentemb_jax.data.packing import pack_texts
+from sentemb_jax.encode_contract import check_batch_size, check_pairs
 from sentemb_jax.encoder import _position_limit, _within_positions
-from sentemb_jax.errors import CheckpointError
+from sentemb_jax.errors import CheckpointError, InputTypeError
 from sentemb_jax.inference import (
     DeviceParams,
     compile_instead_of_run,
@@ -175,16 +176,22 @@ class CrossEncoder:
 
     def predict(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64, activation: str = "sigmoid") -> np.ndarray:
         """Scores [n] float32 in the order of `pairs`: sigmoid(logit) (activation='sigmoid', as
-        sentence_transformers.CrossEncoder.predict for one label) or the logit ('none')."""
+        sentence_transformers.CrossEncoder.predict for one label) or the logit ('none').
+
+        pairs: as sentence-transformers takes them (`encode_contract.check_pairs`): a list / tuple of
+        (text, text) pairs or a numpy array [n, 2] of str gives [n]; one pair (a tuple, a list or a
+        1-D array of two texts) gives a scalar; a set, a generator or bytes raise InputTypeError.
+        batch_size: an integer >= 1, else ConfigError."""
+        where = "CrossEncoder.predict"
         if activation not in ("sigmoid", "none"):
-            raise ValueError(f"CrossEncoder.predict: activation {activation!r} (choose 'sigmoid' or 'none')")
-        if batch_size < 1:
-            raise ValueError(f"CrossEncoder.predict: batch_size must be >= 1, got {batch_size}")
-        pairs = list(pairs)
+            raise ValueError(f"{where}: activation {activation!r} (choose 'sigmoid' or 'none')")
+        batch_size = check_batch_size(batch_size, where)
+        pairs, single = check_pairs(pairs, where)
         if not pairs:
             return np.zeros((0,), np.float32)
         out = self._token_list_logits(*self.tokenize(pairs), batch_size)
-        return 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out
+        out = 1.0 / (1.0 + np.exp(-out)) if activation == "sigmoid" else out
+        return out[0] if single else out
 
     def warm_up(self, batch_size: int = 64, max_length: int | None = None, run: bool = False) -> int:
         """Compile predict's shapes before the first call, as `SentenceEncoder.warm_up` (without
@@ -302,7 +309,7 @@ def _split_pairs(pairs) -> tuple[list[str], list[str]]:
     pairs = list(pairs)
     for i, p in enumerate(pairs):
         if not isinstance(p, (tuple, list)) or len(p) != 2:
-            raise TypeError(f"CrossEncoder: pair {i} is not a (text, text) pair: {p!r:.80}")
+            raise InputTypeError(f"CrossEncoder: pair {i} is not a (text, text) pair: {p!r:.80}")
     return check_texts([p[0] for p in pairs], "CrossEncoder"), check_texts([p[1] for p in pairs], "CrossEncoder")
 
 

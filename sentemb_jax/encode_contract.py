@@ -17,14 +17,16 @@ import json
 import logging
 import numbers
 import os
+import sys
 import weakref
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sentemb_jax.errors import CheckpointError, ConfigError
+from sentemb_jax.errors import CheckpointError, ConfigError, InputTypeError
 from sentemb_jax.pooling import l2_normalize_host
+from sentemb_jax.tokenization import check_texts
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,112 @@ SIMILARITY_FN_NAMES = ("cosine", "dot", "euclidean", "manhattan")
 DEFAULT_PROMPT_NAMES = ("query", "document")
 # MTEB 1.x's custom-model protocol (sentemb_jax.evaluation.encoding) passes these: accepted, ignored.
 MTEB_KEYWORDS = ("task_name", "prompt_type")
+# sentence-transformers' modality keys of a dict input (base/modality.py, MULTIMODAL_DICT_KEYS); a
+# text model takes "text" alone.
+MODALITY_KEYS = ("audio", "image", "text", "video")
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs: sentence-transformers 6.2's rule (SentenceTransformer / CrossEncoder.is_singular_input,
+# base/modality.py: infer_modality) of what is one input and what is a batch, for a text model.
+
+
+def _is_batch(value) -> bool:
+    """A list, a tuple, a numpy array (>= 1-D) of str / objects, or a datasets Column (looked up only
+    where `datasets` is already imported: a Column exists only then)."""
+    column = getattr(sys.modules.get("datasets"), "Column", None)
+    if isinstance(value, (list, tuple)) or (isinstance(column, type) and isinstance(value, column)):
+        return True
+    return isinstance(value, np.ndarray) and value.ndim >= 1 and value.dtype.kind in ("U", "O")
+
+
+TEXTS_EXPECTED = "pass a str, or a list / tuple / numpy array of str"
+PAIRS_EXPECTED = "pass a list / tuple of (text, text) pairs, or a numpy array [n, 2] of str"
+
+
+def _unsupported(value, name: str, where: str, expected: str = TEXTS_EXPECTED) -> InputTypeError:
+    """The error for an input that is neither one input nor a batch (sentence-transformers: ValueError
+    `Unsupported input type: <type>`)."""
+    kind = type(value).__name__
+    if isinstance(value, (set, frozenset)):
+        why = f"a {kind} has no order (its items would come back in hash order), pass a list"
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        why = "texts are str, decode it first (e.g. .decode('utf-8'))"
+    elif isinstance(value, np.ndarray):
+        kind = f"numpy array of dtype {value.dtype} and shape {value.shape}"
+        why = expected
+    else:
+        why = f"{expected} (an iterator or other iterable: list(...) it)"
+    shown = repr(value)
+    shown = "" if " at 0x" in shown else f"; got {shown:.80}"  # a generator's or iterator's repr: its type says it
+    return InputTypeError(f"{where}: unsupported input type {kind} for {name}: {why}{shown}")
+
+
+def _dict_text(value: dict, name: str, where: str) -> str:
+    """The text of a dict input: sentence-transformers takes {'text': str} as that text (its
+    modality form); any other dict raises there too (other keys, other modalities, chat messages)."""
+    if not value:
+        raise InputTypeError(f"{where}: {name} is an empty dict; a text is a str or {{'text': str}}")
+    unknown = sorted(set(value) - set(MODALITY_KEYS), key=str)
+    if unknown:
+        raise InputTypeError(f"{where}: {name} is a dict with unrecognized modality key(s) {unknown} (the keys are "
+                             f"{', '.join(MODALITY_KEYS)}); a text is a str or {{'text': str}}: {value!r:.80}")
+    others = sorted(set(value) - {"text"})
+    if others:
+        raise InputTypeError(f"{where}: {name} holds modality {'+'.join(others)!r}, which this text model does not "
+                             f"support; a text is a str or {{'text': str}}: {value!r:.80}")
+    if not isinstance(value["text"], str):
+        raise InputTypeError(f"{where}: {name}['text'] is {type(value['text']).__name__}, not str (pre-tokenized or "
+                             f"batched text in a dict is not supported): {value['text']!r:.80}")
+    return value["text"]
+
+
+def check_inputs(inputs, where: str, name: str = "sentences") -> tuple[list[str], bool]:
+    """(the texts, whether `inputs` was one text) by sentence-transformers 6.2's rule for encode's
+    input on a text model: a str, or a dict {'text': str}, is one text; a list, a tuple, a numpy
+    array of str / objects or a datasets Column is a batch of them. Anything else raises an
+    InputTypeError (a TypeError and a ValueError; sentence-transformers raises ValueError) naming
+    `name` and the value: a set (no order), bytes, a generator, a dict of other keys, an item that
+    is not a str (tokenization.check_texts: also a lone surrogate, InvalidTextError)."""
+    if isinstance(inputs, str):
+        return check_texts([inputs], where), True
+    if isinstance(inputs, dict):
+        return check_texts([_dict_text(inputs, name, where)], where), True
+    if inputs is None:
+        raise InputTypeError(f"{where}: expected a list of strings, got None")
+    if not _is_batch(inputs):
+        raise _unsupported(inputs, name, where)
+    items = inputs.tolist() if isinstance(inputs, np.ndarray) else list(inputs)
+    items_where = where if name == "sentences" else f"{where}: {name}"
+    items = [_dict_text(t, f"item {i}", items_where) if isinstance(t, dict) else t for i, t in enumerate(items)]
+    return check_texts(items, items_where), False
+
+
+def check_pairs(pairs, where: str) -> tuple[list, bool]:
+    """(the pairs as a list, whether `pairs` was one pair) by sentence-transformers 6.2's
+    CrossEncoder.predict rule: a list / tuple / datasets Column whose first item is not a list or
+    tuple, or a 1-D numpy array of str, is one pair; a list / tuple / Column of pairs, or a numpy
+    array [n, 2] of str / objects (its rows), is a batch. Anything else (a str, a set, a generator,
+    bytes) raises an InputTypeError; each pair's texts are checked when tokenised."""
+    if pairs is None:
+        raise InputTypeError(f"{where}: expected a list of (text, text) pairs, got None")
+    if not _is_batch(pairs):
+        raise _unsupported(pairs, "pairs", where, PAIRS_EXPECTED)
+    if isinstance(pairs, np.ndarray):
+        items, single = pairs.tolist(), pairs.size > 0 and pairs.ndim == 1
+    else:
+        items = list(pairs)
+        single = bool(items) and not isinstance(items[0], (list, tuple))
+    return ([items] if single else items), single
+
+
+def check_batch_size(batch_size, where: str) -> int:
+    """An integer >= 1 (a bool is not one); ConfigError (a ValueError) naming the value."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise ConfigError(f"{where}: batch_size must be an integer >= 1, got {batch_size!r}")
+    if batch_size < 1:
+        raise ConfigError(f"{where}: batch_size must be >= 1, got {batch_size}")
+    return int(batch_size)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,11 +180,16 @@ def resolve_normalize(normalize_embeddings, normalize, where: str) -> bool:
     return bool(normalize if normalize is not None else normalize_embeddings or False)
 
 
-def check_truncate_dim(truncate_dim, where: str) -> int | None:
+def check_truncate_dim(truncate_dim, where: str, dim: int | None = None) -> int | None:
+    """None or an integer >= 1. Given the embedding dimension `dim` (encode), a truncate_dim above
+    it keeps every dimension, as in sentence-transformers, which says nothing: here a warning does."""
     if truncate_dim is None:
         return None
     if isinstance(truncate_dim, bool) or not isinstance(truncate_dim, numbers.Integral) or truncate_dim < 1:
         raise ConfigError(f"{where}: truncate_dim must be None or an integer >= 1, got {truncate_dim!r}")
+    if dim is not None and truncate_dim > dim:
+        log.warning("%s: truncate_dim=%d is more than the embedding dimension %d; the embeddings keep all %d "
+                    "dimensions (as in sentence-transformers)", where, truncate_dim, dim, dim)
     return int(truncate_dim)
 
 

@@ -11,7 +11,6 @@ their semantics: sentemb_jax/encode_contract.py), and takes MTEB 1.x's `task_nam
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import sys
 from typing import Any, Sequence
@@ -25,7 +24,7 @@ from tqdm.auto import tqdm
 from sentemb_jax import checkpoints, st_layout
 from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoint_checks import staged_save
-from sentemb_jax.errors import CheckpointError, ConfigError
+from sentemb_jax.errors import CheckpointError
 from sentemb_jax.inference import (
     DeviceParams,
     chunk_texts,
@@ -44,7 +43,7 @@ from sentemb_jax.models import ModelConfig, family_of
 from sentemb_jax.models.sentence import SentenceEmbedder, embedder_param_tree
 from sentemb_jax.pooling import ENCDEC_FIRST, check_pooling_modes
 from sentemb_jax.run_dir import BEST, CHECKPOINTS, ENCODER_JSON, checkpoint_manager
-from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit, check_texts
+from sentemb_jax.tokenization import DEFAULT_BUCKETS, Tokenizer, check_ids_fit
 
 log = logging.getLogger(__name__)
 
@@ -291,20 +290,23 @@ class SentenceEncoder(contract.ModelSettings):
         pool, chunk_size: multi-process encoding, not supported (only None).
         task_name, prompt_type: MTEB 1.x's protocol keywords, accepted and ignored.
         Any other keyword raises TypeError. An empty list gives [0, dim] (sentence-transformers: [0]).
+
+        sentences: a str (or {'text': str}) gives one embedding; a list, a tuple or a numpy array of
+            them gives [n, dim]; anything else (a set, bytes, a generator, a dict of other keys)
+            raises InputTypeError, a TypeError and a ValueError, as sentence-transformers raises
+            (`encode_contract.check_inputs`). truncate_dim above the embedding dimension keeps every
+            dimension, with a warning.
         """
         where = "SentenceEncoder.encode"
         contract.check_keywords(kwargs, pool, chunk_size, where)
-        single = isinstance(sentences, str)
-        texts = check_texts([sentences] if single else sentences, where)
-        batch_size = default_batch_size() if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-            raise ConfigError(f"{where}: batch_size must be an integer >= 1, got {batch_size!r}")
-        if batch_size < 1:
-            raise ValueError(f"{where}: batch_size must be >= 1, got {batch_size}")
+        texts, single = contract.check_inputs(sentences, where)
+        batch_size = contract.check_batch_size(default_batch_size() if batch_size is None else batch_size, where)
         normalize = contract.resolve_normalize(normalize_embeddings, normalize, where)
         precision = contract.check_options(output_value, precision, convert_to_numpy, convert_to_tensor,
                                            show_progress_bar, where)
-        truncate_dim = contract.check_truncate_dim(self.truncate_dim if truncate_dim is None else truncate_dim, where)
+        truncate_dim = contract.check_truncate_dim(
+            self.truncate_dim if truncate_dim is None else truncate_dim, where,
+            dim=self.get_sentence_embedding_dimension() if output_value == "sentence_embedding" else None)
         texts = contract.with_prompt(texts, self, prompt, prompt_name, where)
         # Default: a bar for long inputs on a terminal only (a log file gets no carriage-return frames).
         show = (len(texts) >= _PROGRESS_MIN_SENTENCES and _stderr_is_terminal()) if show_progress_bar is None \

@@ -81,6 +81,13 @@ class TokenizerError(SentembError, ValueError):
     """A tokenizer directory that cannot be loaded, or input that cannot be tokenised."""
 
 
+class InputTypeError(SentembError, TypeError, ValueError):
+    """An input of a type the call does not take (a set, bytes, a generator, a dict other than
+    {'text': str}, an item that is not a str); the message names the argument and the value.
+    sentence-transformers raises ValueError for these, our earlier versions TypeError: it is both,
+    so code catching either still catches it."""
+
+
 class InvalidTextError(SentembError, ValueError):
     """A text that cannot be tokenised (not valid Unicode); the message names the item."""
 

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sentemb_jax.errors import CheckpointError, InvalidTextError, TokenizerError
+from sentemb_jax.errors import CheckpointError, InputTypeError, InvalidTextError, TokenizerError
 
 # Steps of ~12-25%: padding waste stays small (cost is linear in padded length) while a corpus
 # compiles at most ~20 shapes. Coarser buckets (8, 16, 32, ...) cost ~25% throughput on STS-B.
@@ -37,16 +37,16 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model", "sentencepiece
 
 
 def check_texts(texts, where: str = "encode") -> list[str]:
-    """A list of strings, or a TypeError naming the first item that is not one (an
-    InvalidTextError for a string holding a lone surrogate, which no tokenizer can encode)."""
+    """A list of strings, or an InputTypeError (a TypeError) naming the first item that is not one
+    (an InvalidTextError for a string holding a lone surrogate, which no tokenizer can encode)."""
     if isinstance(texts, str):
-        raise TypeError(f"{where}: expected a list of strings, got a single str (wrap it in a list)")
+        raise InputTypeError(f"{where}: expected a list of strings, got a single str (wrap it in a list)")
     if texts is None:
-        raise TypeError(f"{where}: expected a list of strings, got None")
+        raise InputTypeError(f"{where}: expected a list of strings, got None")
     texts = list(texts)
     for i, t in enumerate(texts):
         if not isinstance(t, str):
-            raise TypeError(f"{where}: item {i} is {type(t).__name__}, not str: {t!r:.80}")
+            raise InputTypeError(f"{where}: item {i} is {type(t).__name__}, not str: {t!r:.80}")
         try:
             t.encode("utf-8")
         except UnicodeEncodeError as e:

@@ -309,3 +309,144 @@ def test_settings_saved_and_loaded(tmp_path, minilm_dir, sentences):
     assert (loaded.prompts, loaded.default_prompt_name, loaded.similarity_fn_name, loaded.truncate_dim) == \
         (st.prompts, None, "manhattan", 256)
     assert_same_floats(loaded.encode(sentences, prompt_name="document"), st.encode(sentences, prompt_name="document"))
+
+
+# ------------------------------------------------------------------------------------------------
+# What encode / predict take as input, and what they refuse: sentence-transformers 6.2's rule
+# (is_singular_input, infer_modality), run side by side on the same input.
+
+# (input factory, sentence-transformers' ValueError, ours). A factory: a generator is used up once.
+REFUSED_INPUTS = {
+    "dict of other keys": (lambda: {"a": "x", "b": "y"}, r"unrecognized modality keys: \['a', 'b'\]",
+                           r"sentences is a dict with unrecognized modality key\(s\) \['a', 'b'\]"),
+    "dict with an image": (lambda: {"text": "x", "image": "y"}, "Modality 'image\\+text' is not supported",
+                           "sentences holds modality 'image', which this text model does not support"),
+    "empty dict": (lambda: {}, "Empty dict input", "sentences is an empty dict"),
+    "dict text not str": (lambda: {"text": 3}, "text input must be of type `str`", r"sentences\['text'\] is int, not str"),
+    "list with a dict": (lambda: ["ok", {"s1": "x"}], r"unrecognized modality keys: \['s1'\]",
+                         r"item 1 is a dict with unrecognized modality key\(s\) \['s1'\]"),
+    "set": (lambda: {"hello", "world"}, "Unsupported input type: set", "unsupported input type set for sentences: a set has no order"),
+    "frozenset": (lambda: frozenset({"a"}), "Unsupported input type: frozenset", "unsupported input type frozenset"),
+    "bytes": (lambda: b"hello", "Unsupported input type: bytes", "unsupported input type bytes for sentences: texts are str"),
+    "bytearray": (lambda: bytearray(b"hi"), "Unsupported input type: bytearray", "unsupported input type bytearray"),
+    "generator": (lambda: (t for t in ["a", "b"]), "Unsupported input type: generator", "unsupported input type generator"),
+    "int": (lambda: 3, "Unsupported input type: int", "unsupported input type int for sentences"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_INPUTS)
+def test_inputs_sentence_transformers_refuses_are_refused(ours, st, case):
+    """Both raise; ours an InputTypeError (a TypeError, and a ValueError as sentence-transformers'), one
+    line naming the argument and the value, on the sentence-embedding and the token-embedding path."""
+    from sentemb_jax.errors import InputTypeError
+
+    make, st_message, our_message = REFUSED_INPUTS[case]
+    with pytest.raises(ValueError, match=st_message):
+        st.encode(make())
+    for output_value in ("sentence_embedding", "token_embeddings"):
+        with pytest.raises(InputTypeError, match=our_message) as err:
+            ours.encode(make(), output_value=output_value)
+        assert isinstance(err.value, TypeError) and isinstance(err.value, ValueError)
+        assert str(err.value).startswith("SentenceEncoder.encode: ") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["dict text", "dict text single", "list of dicts and str", "tuple", "numpy str"])
+def test_inputs_sentence_transformers_takes_give_its_embeddings(ours, st, sentences, case):
+    texts = sentences[:4]
+    inputs = {"dict text": lambda: [{"text": t} for t in texts], "dict text single": lambda: {"text": texts[0]},
+              "list of dicts and str": lambda: [{"text": texts[0]}, *texts[1:]], "tuple": lambda: tuple(texts),
+              "numpy str": lambda: np.array(texts)}[case]
+    got, want = ours.encode(inputs()), st.encode(inputs())
+    assert got.shape == want.shape == ((384,) if case == "dict text single" else (4, 384))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_truncate_dim_above_the_dimension_keeps_it_with_a_warning(ours, st, sentences, caplog):
+    """sentence-transformers returns all 384 dimensions without a word; we return the same, and say so."""
+    texts = sentences[:3]
+    with caplog.at_level("WARNING", logger="sentemb_jax.encode_contract"):
+        got = ours.encode(texts, truncate_dim=1000)
+    want = st.encode(texts, truncate_dim=1000)
+    assert got.shape == want.shape == (3, 384)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    said = [r.getMessage() for r in caplog.records if r.name == "sentemb_jax.encode_contract"]
+    assert said == ["SentenceEncoder.encode: truncate_dim=1000 is more than the embedding dimension 384; the embeddings "
+                    "keep all 384 dimensions (as in sentence-transformers)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sentemb_jax.encode_contract"):
+        ours.encode(texts, truncate_dim=384)
+        ours.encode(texts[:1], truncate_dim=1000, output_value="token_embeddings")  # truncate_dim does not apply there
+    assert not [r for r in caplog.records if r.name == "sentemb_jax.encode_contract"]
+
+
+@pytest.fixture(scope="module")
+def crosses(minilm_dir):
+    """(sentence-transformers' CrossEncoder, ours) on MiniLM's backbone, each with a fresh head: the
+    scores differ, the argument handling is compared."""
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    from sentemb_jax import CrossEncoder
+
+    return STCrossEncoder(minilm_dir, device="cpu"), CrossEncoder.from_pretrained(minilm_dir)
+
+
+def test_cross_encoder_predict_arguments_as_sentence_transformers(crosses, sentences):
+    from sentemb_jax.errors import ConfigError, InputTypeError
+
+    st_cross, ours = crosses
+    pairs = list(zip(sentences[:5], sentences[5:10]))
+    for bad in (2.5, "8"):  # sentence-transformers: a TypeError from inside (`'float' object cannot be ...`)
+        with pytest.raises(TypeError):
+            st_cross.predict(pairs, batch_size=bad)
+        with pytest.raises(ConfigError, match=f"^CrossEncoder.predict: batch_size must be an integer >= 1, got {bad!r}$"):
+            ours.predict(pairs, batch_size=bad)
+    # A numpy array [n, 2] of str: n scores, as a list of the same pairs gives them.
+    array = np.array(pairs)
+    want = st_cross.predict(array)
+    got = ours.predict(array)
+    assert got.shape == want.shape == (5,) and got.dtype == want.dtype == np.float32
+    np.testing.assert_array_equal(got, ours.predict(pairs))
+    np.testing.assert_array_equal(ours.predict(np.array(pairs, dtype=object), batch_size=np.int64(64)), got)
+    # One pair (a tuple or a 1-D array): one score, a scalar.
+    for one in (pairs[0], np.array(pairs[0])):
+        assert np.shape(ours.predict(one)) == np.shape(st_cross.predict(one)) == ()
+        np.testing.assert_allclose(ours.predict(one), got[0], atol=1e-6)
+    assert ours.predict(np.zeros((0, 2), str)).shape == st_cross.predict(np.zeros((0, 2), str)).shape == (0,)
+    # Refused by both: a generator, a set, bytes texts, rows of three.
+    for make, our_message in ((lambda: (p for p in pairs), "unsupported input type generator for pairs"),
+                              (lambda: set(pairs), "unsupported input type set for pairs"),
+                              (lambda: [(b"a", b"b")], "item 0 is bytes, not str"),
+                              (lambda: np.array([["a", "b", "c"]]), r"pair 0 is not a \(text, text\) pair")):
+        with pytest.raises(ValueError, match="Unsupported input type"):
+            st_cross.predict(make())
+        with pytest.raises(InputTypeError, match=our_message):
+            ours.predict(make())
+
+
+def test_mteb_batch_whose_text_is_one_string_is_one_text(ours, st, sentences):
+    """A DataLoader with batch_size=None yields rows ({'text': 'hello'}): one text each, as
+    sentence-transformers takes a str (MTEB 2's own SentenceTransformer wrapper iterates the
+    characters there: one embedding per character)."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("MTEB_CACHE", os.path.join(tempfile.gettempdir(), "sentemb_jax_test_mteb_cache"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    mteb = pytest.importorskip("mteb")
+    import datasets
+    from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
+    from torch.utils.data import DataLoader
+
+    from sentemb_jax.errors import InputTypeError
+    from sentemb_jax.evaluation.mteb_adapter import MtebEncoder
+
+    texts = ["hello", *sentences[:3]]
+    rows = lambda: DataLoader(datasets.Dataset.from_dict({"text": texts}), batch_size=None)  # noqa: E731
+    kwargs = dict(task_metadata=mteb.get_task("STSBenchmark").metadata, hf_split="test", hf_subset="default")
+    got = MtebEncoder(ours).encode(rows(), **kwargs)
+    assert got.shape == (4, 384)
+    np.testing.assert_allclose(got, st.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(got[0], st.encode("hello"), atol=1e-5)
+    assert SentenceTransformerEncoderWrapper(st).encode(rows(), **kwargs).shape == (sum(map(len, texts)), 384)
+    with pytest.raises(InputTypeError, match=r"MtebEncoder.encode: unsupported input type set for batch 0\['text'\]"):
+        MtebEncoder(ours).encode(iter([{"text": {"a", "b"}}]), **kwargs)

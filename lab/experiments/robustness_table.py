@@ -43,6 +43,26 @@ def _call(fn) -> tuple[str, str]:
     return "returns", repr(getattr(out, "shape", out))
 
 
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _call_warning(fn) -> tuple[str, str]:
+    """_call, with the warnings sentemb_jax logs during the call after the result."""
+    handler, logger = _Warnings(), logging.getLogger("sentemb_jax")
+    logger.addHandler(handler)
+    try:
+        outcome, message = _call(fn)
+    finally:
+        logger.removeHandler(handler)
+    return outcome + (" + warning" if handler.lines else ""), "; warning: ".join([message, *handler.lines])
+
+
 def _eval_job(data_dir: str, model_path: str | None = None, *extra: str) -> list[str]:
     argv = ["--gin_file=gin/models/minilm_l6.gin", "--gin_file=gin/runs/eval_stsb_dev.gin", f"--gin.DATA_DIR='{data_dir}'", *extra]
     return argv + ([f"--gin.MODEL_PATH='{model_path}'"] if model_path else [])
@@ -146,6 +166,39 @@ def encode_cases():
     yield "encode(['ab\\ud800c'])", _call(lambda: enc.encode(["ab\ud800c"]))
     yield "encode(['a'], batch_size=0)", _call(lambda: enc.encode(["a"], batch_size=0))
     yield "encode(['word ' * 50000, ''])", _call(lambda: enc.encode(["word " * 50_000, ""]))
+    # sentence-transformers 6.2 refuses these too (ValueError); InputTypeError is a TypeError and a ValueError.
+    yield "encode({'a': 'x', 'b': 'y'})", _call(lambda: enc.encode({"a": "x", "b": "y"}))
+    yield "encode({'text': 'x'}) (sentence-transformers' text form)", _call(lambda: enc.encode({"text": "x"}))
+    yield "encode({'hello', 'world'})", _call(lambda: enc.encode({"hello", "world"}))
+    yield "encode(b'hello')", _call(lambda: enc.encode(b"hello"))
+    yield "encode(t for t in ['a', 'b'])", _call(lambda: enc.encode(t for t in ["a", "b"]))
+    yield "encode(['a', 'b'], truncate_dim=1000)", _call_warning(lambda: enc.encode(["a", "b"], truncate_dim=1000))
+
+
+def predict_cases():
+    from sentemb_jax.cross_encoder import CrossEncoder
+
+    cross = CrossEncoder.from_pretrained(packaged_minilm_path())
+    pairs = [("a", "b"), ("c", "d")]
+    yield "predict(pairs, batch_size=2.5)", _call(lambda: cross.predict(pairs, batch_size=2.5))
+    yield "predict(pairs, batch_size='8')", _call(lambda: cross.predict(pairs, batch_size="8"))
+    yield "predict(np.array(pairs)) (shape [2, 2] of str)", _call(lambda: cross.predict(np.array(pairs)))
+    yield "predict(('a', 'b')) (one pair)", _call(lambda: cross.predict(("a", "b")))
+    yield "predict(p for p in pairs)", _call(lambda: cross.predict(p for p in pairs))
+
+
+def mteb_cases():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import mteb
+    from torch.utils.data import DataLoader
+
+    from sentemb_jax.evaluation.mteb_adapter import MtebEncoder
+
+    enc = MtebEncoder(SentenceEncoder.from_pretrained(packaged_minilm_path()))
+    kwargs = dict(task_metadata=mteb.get_task("STSBenchmark").metadata, hf_split="test", hf_subset="default")
+    rows = DataLoader([{"text": "hello"}, {"text": "a man"}], batch_size=None)  # a batch per row: 'text' is a str
+    yield "MtebEncoder.encode(batches {'text': 'hello'}, {'text': 'a man'})", _call(lambda: enc.encode(rows, **kwargs))
+    yield "MtebEncoder.encode(a batch {'text': {'a', 'b'}})", _call(lambda: enc.encode(iter([{"text": {"a", "b"}}]), **kwargs))
 
 
 def train_cases(tmp: str, data_dir: str):
@@ -172,7 +225,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for group, cases in (("data", data_cases(tmp)), ("gin", gin_cases(tmp)), ("checkpoint", checkpoint_cases(tmp, data_dir)),
-                             ("encode()", encode_cases()), ("job", train_cases(tmp, data_dir))):
+                             ("encode()", encode_cases()), ("predict()", predict_cases()), ("MTEB", mteb_cases()),
+                             ("job", train_cases(tmp, data_dir))):
             for name, (outcome, message) in cases:
                 rows.append((group, name, outcome, message.replace(tmp, "$TMP").replace(data_dir, "$DATA")))
                 logging.getLogger().handlers.clear()

@@ -35,6 +35,7 @@ from mteb.models.model_meta import ScoringFunction
 from mteb.types import PromptType
 
 from sentemb_jax.cross_encoder import CrossEncoder
+from sentemb_jax.encode_contract import check_inputs
 from sentemb_jax.encoder import SentenceEncoder
 
 FRAMEWORK = ["JAX"]
@@ -42,16 +43,19 @@ FRAMEWORK = ["JAX"]
 
 def batch_texts(inputs, where: str) -> list[str]:
     """The texts of an MTEB DataLoader (batches of {"text": [...], ...}), in order. A plain list of
-    strings is returned as it is."""
+    strings is returned as it is. Each batch's "text" is read by encode's input rule
+    (`encode_contract.check_inputs`): a str is one text (a DataLoader with batch_size=None yields
+    one row per batch; MTEB's own SentenceTransformer wrapper would take its characters as texts),
+    a list / tuple / numpy array of str a batch; anything else raises InputTypeError."""
     if isinstance(inputs, (list, tuple)):
         return list(inputs)
     texts: list[str] = []
-    for batch in inputs:
+    for i, batch in enumerate(inputs):
         if not isinstance(batch, dict) or "text" not in batch:
             keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
             raise TypeError(f"{where}: expected MTEB batches with a 'text' column, got {keys} "
                             "(only text inputs are supported)")
-        texts.extend(batch["text"])
+        texts.extend(check_inputs(batch["text"], where, f"batch {i}['text']")[0])
     return texts
 
 
