@@ -131,7 +131,8 @@ def _read_pickle_file(path: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _index_files(model_dir: str, index_name: str) -> list[str]:
+def index_files(model_dir: str, index_name: str) -> list[str]:
+    """The shard files a shard index names (each inside model_dir, else a CheckpointError)."""
     path = os.path.join(model_dir, index_name)
     try:
         with open(path, encoding="utf-8") as f:
@@ -154,7 +155,7 @@ def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.
         return read_safetensors_file(join(SAFETENSORS_FILE))
     if os.path.isfile(join(SAFETENSORS_INDEX)):
         tensors: dict[str, np.ndarray] = {}
-        for shard in _index_files(model_dir, SAFETENSORS_INDEX):
+        for shard in index_files(model_dir, SAFETENSORS_INDEX):
             if not os.path.isfile(join(shard)):
                 raise CheckpointError(f"{join(shard)}: shard named in {SAFETENSORS_INDEX} is missing")
             tensors.update(read_safetensors_file(join(shard)))
@@ -169,7 +170,7 @@ def read_hf_tensors(model_dir: str, allow_pickle: bool = False) -> dict[str, np.
         if pickles[0] == PICKLE_FILE:
             return _read_pickle_file(join(PICKLE_FILE))
         tensors = {}
-        for shard in _index_files(model_dir, PICKLE_INDEX):
+        for shard in index_files(model_dir, PICKLE_INDEX):
             tensors.update(_read_pickle_file(join(shard)))
         return tensors
     raise CheckpointError(
@@ -228,29 +229,38 @@ def unstack_layers(params: dict) -> dict:
     return traverse_util.unflatten_dict(out)
 
 
-def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str = "checkpoint", ignore_unexpected: Iterable[str] = ()) -> dict:
-    """Map HF tensors onto our param tree, checking every name, shape, dtype (floating for floating
-    parameters) and value (no NaN / inf); errors list them all."""
+def sort_hf_names(cfg: ModelConfig, raw_names: Iterable[str], ignore_unexpected: Iterable[str] = ()):
+    """(found: our HF name -> the file's name, missing, unexpected, task heads) of a checkpoint's
+    tensor names: base-model prefixes stripped and TF-era names renamed, redundant tensors (tied
+    copies, buffers) dropped. Shared by this whole-file loader and sharded_load, which sorts the
+    names of the file headers before it reads any data."""
     family = family_of(cfg)
     name_map = hf_name_map(cfg)
     redundant = re.compile(family.ignored_tensors(cfg))
     heads_pattern = re.compile(family.head_tensors) if family.head_tensors else None
     extra_ignore = [re.compile(p) for p in ignore_unexpected]
-    expected = traverse_util.flatten_dict(abstract_params(dataclasses.replace(cfg, scan_layers=False)))
-
-    found: dict[str, np.ndarray] = {}
+    found: dict[str, str] = {}
     unexpected, heads = [], []
-    for raw_name, value in tensors.items():
+    for raw_name in raw_names:
         name = _legacy_rename(_strip_base_prefix(raw_name, family.base_prefixes))
         if name in name_map:
-            found[name] = value
+            found[name] = raw_name
         elif redundant.search(name) or any(p.search(raw_name) for p in extra_ignore):
             continue
         elif heads_pattern is not None and heads_pattern.search(name):
             heads.append(raw_name)
         else:
             unexpected.append(raw_name)
-    missing = sorted(set(name_map) - set(found))
+    return found, sorted(set(name_map) - set(found)), unexpected, heads
+
+
+def params_from_hf(cfg: ModelConfig, tensors: dict[str, np.ndarray], source: str = "checkpoint", ignore_unexpected: Iterable[str] = ()) -> dict:
+    """Map HF tensors onto our param tree, checking every name, shape, dtype (floating for floating
+    parameters) and value (no NaN / inf); errors list them all."""
+    name_map = hf_name_map(cfg)
+    expected = traverse_util.flatten_dict(abstract_params(dataclasses.replace(cfg, scan_layers=False)))
+    names, missing, unexpected, heads = sort_hf_names(cfg, tensors, ignore_unexpected)
+    found = {name: tensors[raw] for name, raw in names.items()}
     wrong = {"shape": [], "dtype": [], "non-finite": []}
     flat = {}
     for name, value in found.items():

@@ -21,7 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from tqdm.auto import tqdm
 
-from sentemb_jax import checkpoints, st_layout
+from sentemb_jax import checkpoints, sharded_load, st_layout
 from sentemb_jax import encode_contract as contract
 from sentemb_jax.checkpoint_checks import staged_save
 from sentemb_jax.errors import CheckpointError
@@ -135,6 +135,7 @@ class SentenceEncoder(contract.ModelSettings):
         default_prompt_name: str | None = None,
         similarity_fn_name: str | None = None,
         truncate_dim: int | None = None,
+        read_backbone: bool = True,
         **config_overrides,
     ) -> "SentenceEncoder":
         """Load a Hugging Face model directory or a sentence-transformers directory.
@@ -143,6 +144,10 @@ class SentenceEncoder(contract.ModelSettings):
         arguments given here override it. A plain HF directory defaults to mean pooling.
         prompts, default_prompt_name, similarity_fn_name, truncate_dim: as SentenceTransformer's;
         those given here win over config_sentence_transformers.json's (prompts: name by name).
+        read_backbone=False (safetensors weights only; not for a run directory): the backbone's params
+        are jax.ShapeDtypeStruct leaves made from config.json and the file headers, no tensor read
+        (every header check made); the train setup reads them into the mesh's shardings, each device
+        its own slice (sharded_load.load_backbone). The tokenizer and the Dense projection load as usual.
         """
         path = os.fspath(path)
         if not os.path.isdir(path):
@@ -156,9 +161,12 @@ class SentenceEncoder(contract.ModelSettings):
         layout = st_layout.read_layout(path)
         if dtype is not None:
             config_overrides.setdefault("dtype", jnp.dtype(dtype))
-        cfg, backbone_params, hf = checkpoints.load_hf_checkpoint(
-            layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides
-        )
+        if read_backbone:
+            cfg, backbone_params, hf = checkpoints.load_hf_checkpoint(
+                layout.transformer_dir, allow_pickle=allow_pickle, **config_overrides
+            )
+        else:  # shapes only: a model larger than one host's memory is never read whole
+            cfg, backbone_params, hf = sharded_load.abstract_checkpoint(layout.transformer_dir, **config_overrides)
         modes = check_pooling_modes(pooling if pooling is not None else (layout.pooling or family_of(cfg).default_pooling))
         if ENCDEC_FIRST in modes and ENCDEC_FIRST not in family_of(cfg).extra_poolings(cfg):
             raise CheckpointError(f"{path}: pooling {ENCDEC_FIRST!r} needs a T5 checkpoint with a decoder")

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -25,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sentemb_jax import partitioning
+from sentemb_jax import partitioning, sharded_load
 from sentemb_jax.data import reader
 from sentemb_jax.data.packing import pack_batch
 from sentemb_jax.data.sources import seqio_route_reason
@@ -33,6 +34,7 @@ from sentemb_jax.dependencies import require_tensorflow
 from sentemb_jax.encoder import SentenceEncoder
 from sentemb_jax.errors import ConfigError, TrainingError
 from sentemb_jax.models.sentence import SentenceEmbedder
+from sentemb_jax.run_dir import ENCODER_JSON
 from sentemb_jax.st_layout import transformer_dir_of
 from sentemb_jax.tokenization import TRAIN_BUCKETS, Tokenizer, check_ids_fit
 from sentemb_jax.training import sharded
@@ -56,7 +58,10 @@ _INIT_IDS = np.ones((1, 8), np.int32)  # shapes for initialisation only
 class Run:
     """A built train program and what feeds it. `abstract_state` holds ShapeDtypeStructs with the
     state's shardings (a restore target, a compile's input); `batches` is the batch source (None
-    in a compile-only run); `model` the tower's owner (a SentenceEncoder, or the job's model)."""
+    in a compile-only run); `model` the tower's owner (a SentenceEncoder, or the job's model).
+    `backbone_from`: the model directory whose safetensors initial_state reads the backbone from,
+    region by region into its shardings (sharded_load), while model.params["backbone"] holds only
+    its shapes; None: model.params holds the start weights (or None: a random init)."""
 
     config: RunConfig
     method: Method
@@ -74,6 +79,7 @@ class Run:
     extra_params: dict
     extra_state: Any
     fixed_padding: bool
+    backbone_from: str | None = None
 
     def context(self):
         """The mesh and its activation-sharding rules, in scope while the step traces and runs."""
@@ -148,8 +154,16 @@ class Run:
 
     def initial_state(self, tower=None) -> TrainState:
         """The state at step 0 on the mesh: the tower's start params (`tower`, else the model's, else a
-        random init for a tower from scratch), the method's own params and state, a fresh optimizer."""
+        random init for a tower from scratch), the method's own params and state, a fresh optimizer.
+        With `backbone_from` (and no `tower`), the backbone is read from its files by region, each
+        device its own slice: never a whole copy on a host or on one device."""
         sh = self.shardings
+        backbone = None
+        if tower is None and self.backbone_from is not None:
+            # warn=False: from_pretrained's header checks have warned of task heads already.
+            backbone = sharded_load.load_backbone(self.backbone_from, self.module.backbone_config,
+                                                  sh.params["tower"]["backbone"], warn=False)
+            tower = {k: v for k, v in self.model.params.items() if k != "backbone"}
         if tower is None:
             tower = self.model.params
         if tower is None:
@@ -157,9 +171,15 @@ class Run:
             init = jax.jit(lambda r: nn.meta.unbox(module.init(r, _INIT_IDS, _INIT_IDS)["params"]),
                            out_shardings=sh.params["tower"])
             tower = init(jax.random.PRNGKey(self.config.data.seed))
-        # A fresh copy: the step donates its state, which must not delete the caller's arrays.
-        copy = jax.jit(lambda p: jax.tree_util.tree_map(jnp.copy, p), out_shardings=sh.params)
+        # A fresh copy: the step donates its state, which must not delete the caller's arrays. A
+        # backbone just read has no other owner, and copying it would hold it twice on the devices.
+        params_sh = sh.params
+        if backbone is not None:
+            params_sh = {**sh.params, "tower": {k: v for k, v in sh.params["tower"].items() if k != "backbone"}}
+        copy = jax.jit(lambda p: jax.tree_util.tree_map(jnp.copy, p), out_shardings=params_sh)
         params = copy({"tower": tower, **self.extra_params})
+        if backbone is not None:
+            params["tower"]["backbone"] = backbone
         opt_state = jax.jit(self.optimizer.init, out_shardings=sh.opt_state)(params)
         extra = jax.device_put(self.extra_state, sh.extra) if self.extra_state is not None else None
         return TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), sh.step), params=params, opt_state=opt_state,
@@ -205,10 +225,13 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
                           param="chunk_size", value=chunk)
     mesh = partitioning.make_mesh(*config.mesh.shape, devices=devices)
     fixed_padding = _fixed_padding(config)
+    backbone_from = None
     if model is None:
         if config.model is None:
             raise TrainingError("RunConfig.model is None and no model was given: set a TowerConfig (gin: MODEL)")
-        model = load_tower(config.model, config.data.sequence_length, tokenizer=not abstract)
+        backbone_from = sharded_start(config.model)
+        model = load_tower(config.model, config.data.sequence_length, tokenizer=not abstract,
+                           read_backbone=backbone_from is None)
     task = None
     if batches is None and not abstract:
         batches = _input(config, model, fixed_padding)
@@ -233,7 +256,7 @@ def setup_run(config: RunConfig, method: Method, *, model=None, batches=None, de
                                      matmul_precision=config.matmul_precision)
     pad_id = int(batches.pad_id) if task else int(model.tokenizer.pad_id) if getattr(model, "tokenizer", None) else 0
     return Run(config, method, mesh, model, module, optimizer, abstract_state, shardings, step_fn, batches, task, pad_id,
-               width, extra_params, extra_state, fixed_padding)
+               width, extra_params, extra_state, fixed_padding, backbone_from)
 
 
 def _state_shapes(module, optimizer, mesh: Mesh, method: Method, extra_params: dict, extra_state):
@@ -255,12 +278,30 @@ def _state_shapes(module, optimizer, mesh: Mesh, method: Method, extra_params: d
 # The tower
 
 
-def load_tower(tower: TowerConfig, sequence_length: int, tokenizer: bool = True) -> SentenceEncoder:
+def sharded_start(tower: TowerConfig) -> str | None:
+    """The directory whose backbone weights Run.initial_state reads by region straight into the
+    mesh's shardings (sharded_load): a local model directory with safetensors weights, started whole
+    (every layer, its own weights). None - the tower loads whole, on the host, as before - for pickle
+    weights (refused by region), a run directory (its weights come from a checkpoint), `init_layers`
+    (first_layers cuts a loaded tree) and `init_random` (which reads none), and a tower from scratch."""
+    if not tower.init_from or tower.init_layers or tower.init_random:
+        return None
+    if not os.path.isdir(tower.init_from) or os.path.isfile(os.path.join(tower.init_from, ENCODER_JSON)):
+        return None  # from_pretrained says what is wrong with a missing directory; a run restores its own
+    directory = transformer_dir_of(tower.init_from)
+    return directory if sharded_load.has_safetensors(directory) else None
+
+
+def load_tower(tower: TowerConfig, sequence_length: int, tokenizer: bool = True,
+               read_backbone: bool = True) -> SentenceEncoder:
     """The tower to train: a model directory's (its first `init_layers` layers; random weights with
     `init_random`: params None, initialised on the mesh), or one built from `backbone` (params None;
-    tokenizer=False: without its tokenizer, for compile-only runs on a host that lacks it)."""
+    tokenizer=False: without its tokenizer, for compile-only runs on a host that lacks it).
+    read_backbone=False: the backbone's params as shapes only (SentenceEncoder.from_pretrained), for
+    Run.initial_state to read by region (sharded_start)."""
     if tower.init_from:
-        encoder = SentenceEncoder.from_pretrained(tower.init_from, pooling=tower.pooling, **tower.overrides)
+        encoder = SentenceEncoder.from_pretrained(tower.init_from, pooling=tower.pooling, read_backbone=read_backbone,
+                                                  **tower.overrides)
         if tower.init_layers:
             encoder = encoder.first_layers(tower.init_layers)
         if tower.init_random:
