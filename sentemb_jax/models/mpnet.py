@@ -11,17 +11,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax.models.bert import BertLayer, dense_names, norm_names, strip_base_prefix
+from sentemb_jax.models.bert import Bert, BertLayer, dense_names, norm_names, strip_base_prefix
 from sentemb_jax.models.common import (
     Dense,
     Dropout,
     Embed,
     LayerNorm,
-    constrain_activations,
     layer_stack,
-    padding_bias,
     remat_policy,
-    segment_bias,
 )
 from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier
 from sentemb_jax.models.t5 import RelativePositionBias
@@ -81,7 +78,8 @@ class MPNetEmbeddings(nn.Module):
     config: MPNetConfig
 
     @nn.compact
-    def __call__(self, input_ids, deterministic: bool, positions=None):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, positions=None):
+        """token_type_ids: taken as BERT's embeddings take them, and unused (MPNet has none)."""
         cfg = self.config
         embed = lambda n, axes, name: Embed(  # noqa: E731
             n, cfg.hidden_size, axes, cfg.dtype, cfg.param_dtype, nn.initializers.normal(0.02), name=name
@@ -111,8 +109,9 @@ class MPNetEncoderStack(nn.Module):
         return run(x, relative + bias)
 
 
-class MPNet(nn.Module):
-    """MPNet encoder. `encode` -> (last_hidden_state, hidden states or None), as models.bert.Bert."""
+class MPNet(Bert):
+    """MPNet encoder: BERT's encode / pool / __call__ (`encode` -> (last_hidden_state, hidden states
+    or None)) over MPNet's embeddings and its encoder stack with the relative bias."""
 
     config: MPNetConfig
 
@@ -122,24 +121,6 @@ class MPNet(nn.Module):
         self.encoder = MPNetEncoderStack(cfg)
         if cfg.add_pooling_layer:
             self.pooler = Dense(cfg.hidden_size, (None, "embed"), True, cfg.dtype, cfg.param_dtype)
-
-    def encode(self, input_ids, attention_mask, deterministic: bool = True, output_hidden_states: bool = False,
-               token_type_ids=None, segment_ids=None, positions=None):
-        """token_type_ids: accepted and unused (MPNet has no token types; its tokenizer's are zeros)."""
-        x = constrain_activations(self.embeddings(input_ids, deterministic, positions))
-        bias = padding_bias(attention_mask) if segment_ids is None else segment_bias(segment_ids)
-        x_last, hidden = self.encoder(x, bias, deterministic, output_hidden_states)
-        if output_hidden_states:
-            hidden = (x,) + hidden
-        return x_last, hidden
-
-    def pool(self, last_hidden):
-        """MPNetPooler: tanh(Dense(first token)) - only for checkpoints that have one."""
-        return jnp.tanh(self.pooler(last_hidden[:, 0]))
-
-    def __call__(self, input_ids, attention_mask, deterministic: bool = True):
-        x, _ = self.encode(input_ids, attention_mask, deterministic)
-        return self.pool(x) if self.config.add_pooling_layer else x
 
 
 # ---------------------------------------------------------------------------------------------
