@@ -179,7 +179,7 @@ SLOWEST_FIRST = (
     "test_input_routes.py", "test_packing.py", "test_data_pipeline.py", "test_step_time.py", "test_main.py",
     "test_sharding.py", "test_eval_transfer.py", "test_without_tensorflow.py", "test_gradcache.py",
     "test_onnx_export.py", "test_train_resume.py", "test_signals.py", "test_report_kit.py", "test_architecture.py",
-    "test_multihost.py",
+    "test_multihost.py", "test_mpnet_paths.py", "test_sharded_load.py", "test_mpnet.py",
 )
 
 
