@@ -33,6 +33,7 @@ from sentemb_jax import checkpoint_checks as checks
 from sentemb_jax.checkpoint_checks import CONFIG_FILE, PICKLE_FILE, PICKLE_INDEX, SAFETENSORS_FILE, SAFETENSORS_INDEX
 from sentemb_jax.errors import CheckpointError
 from sentemb_jax.models import FAMILIES, ModelConfig, SequenceClassifier, build_model, family_for, family_of
+from sentemb_jax.models.family import strip_base_prefix
 from sentemb_jax.validation import is_under
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,6 @@ def hf_config_of(cfg: ModelConfig) -> dict:
 def hf_name_map(cfg: ModelConfig) -> dict[str, tuple[Path, bool]]:
     """HF tensor name -> (our param path with layers unstacked, transpose?)."""
     return family_of(cfg).hf_name_map(cfg)
-
-
-def _strip_base_prefix(name: str, prefixes: tuple[str, ...]) -> str:
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
 
 
 def _legacy_rename(name: str) -> str:
@@ -242,7 +236,7 @@ def sort_hf_names(cfg: ModelConfig, raw_names: Iterable[str], ignore_unexpected:
     found: dict[str, str] = {}
     unexpected, heads = [], []
     for raw_name in raw_names:
-        name = _legacy_rename(_strip_base_prefix(raw_name, family.base_prefixes))
+        name = _legacy_rename(strip_base_prefix(raw_name, family.base_prefixes))
         if name in name_map:
             found[name] = raw_name
         elif redundant.search(name) or any(p.search(raw_name) for p in extra_ignore):

@@ -22,7 +22,7 @@ from sentemb_jax.models.common import (
     remat_policy,
     segment_bias,
 )
-from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier
+from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier, strip_base_prefix, token_id
 
 Array = jax.Array
 
@@ -172,26 +172,17 @@ ROBERTA_TYPES = ("roberta", "xlm-roberta", "camembert")
 BASE_PREFIXES = ("bert.", "roberta.")
 
 
-def strip_base_prefix(name: str, prefixes=BASE_PREFIXES) -> str:
-    """A *For... checkpoint's base-model tensor name as the base model's own."""
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
-
-
 def config_from_hf(hf: dict, c, names: frozenset) -> BertConfig:
     pet = hf.get("position_embedding_type", "absolute")
     if pet != "absolute":
         raise CheckpointError(f"position_embedding_type={pet!r} is not supported (only 'absolute')")
-    pad = getattr(c, "pad_token_id", None)
     return BertConfig(
         model_type="bert" if hf.get("model_type") == "bert" else "roberta", vocab_size=c.vocab_size,
         hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
         intermediate_size=c.intermediate_size, hidden_act=c.hidden_act, hidden_dropout_prob=c.hidden_dropout_prob,
         attention_probs_dropout_prob=c.attention_probs_dropout_prob, max_position_embeddings=c.max_position_embeddings,
-        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, pad_token_id=0 if pad is None else int(pad),
-        add_pooling_layer=any(strip_base_prefix(n).startswith("pooler.") for n in names),
+        type_vocab_size=c.type_vocab_size, layer_norm_eps=c.layer_norm_eps, pad_token_id=token_id(c, "pad_token_id", 0),
+        add_pooling_layer=any(strip_base_prefix(n, BASE_PREFIXES).startswith("pooler.") for n in names),
     )
 
 

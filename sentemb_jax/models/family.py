@@ -18,6 +18,20 @@ Path = tuple[str, ...]
 NameMap = dict[str, tuple[Path, bool]]  # HF tensor name -> (our param path, layers unstacked; transpose?)
 
 
+def strip_base_prefix(name: str, prefixes: tuple[str, ...]) -> str:
+    """A *For... checkpoint's base-model tensor name (`bert.encoder...`) as the base model's own."""
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def token_id(hf_config, name: str, default: int) -> int:
+    """A token id of transformers' config, `default` where it is unset (None)."""
+    value = getattr(hf_config, name, None)
+    return default if value is None else int(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class ConfigFields:
     """config.json fields and what they must hold (checkpoint_checks.check_hf_config)."""

@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from sentemb_jax.models.bert import Bert, BertLayer, dense_names, norm_names, strip_base_prefix
+from sentemb_jax.models.bert import Bert, BertLayer, dense_names, norm_names
 from sentemb_jax.models.common import (
     Dense,
     Dropout,
@@ -20,7 +20,7 @@ from sentemb_jax.models.common import (
     layer_stack,
     remat_policy,
 )
-from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier
+from sentemb_jax.models.family import ConfigFields, Family, SequenceClassifier, strip_base_prefix, token_id
 from sentemb_jax.models.t5 import RelativePositionBias
 
 Array = jax.Array
@@ -130,13 +130,12 @@ BASE_PREFIXES = ("mpnet.",)
 
 
 def config_from_hf(hf: dict, c, names: frozenset) -> MPNetConfig:
-    pad = getattr(c, "pad_token_id", None)
     return MPNetConfig(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers,
         num_attention_heads=c.num_attention_heads, intermediate_size=c.intermediate_size, hidden_act=c.hidden_act,
         hidden_dropout_prob=c.hidden_dropout_prob, attention_probs_dropout_prob=c.attention_probs_dropout_prob,
         max_position_embeddings=c.max_position_embeddings, layer_norm_eps=c.layer_norm_eps,
-        pad_token_id=PADDING_IDX if pad is None else int(pad),
+        pad_token_id=token_id(c, "pad_token_id", PADDING_IDX),
         relative_attention_num_buckets=c.relative_attention_num_buckets,
         add_pooling_layer=any(strip_base_prefix(n, BASE_PREFIXES).startswith("pooler.") for n in names),
     )

@@ -28,7 +28,7 @@ from sentemb_jax.models.common import (
     remat_policy,
     segment_bias,
 )
-from sentemb_jax.models.family import ConfigFields, Family
+from sentemb_jax.models.family import ConfigFields, Family, token_id
 from sentemb_jax.pooling import ENCDEC_FIRST
 
 Array = jax.Array
@@ -324,11 +324,6 @@ class T5(nn.Module):
 PAIR_FORMAT = "sentence1: {} sentence2: {}"  # T5 has no pair template: a pair is one text (its GLUE style)
 
 
-def _token_id(c, name: str, default: int) -> int:
-    value = getattr(c, name, None)
-    return default if value is None else int(value)
-
-
 def config_from_hf(hf: dict, c, names: frozenset) -> T5Config:
     tied = hf.get("tie_word_embeddings", True) is not False
     archs = hf.get("architectures") or []
@@ -342,9 +337,9 @@ def config_from_hf(hf: dict, c, names: frozenset) -> T5Config:
         # v1.1 / mT5 checkpoints say false and carry their own lm_head.weight (and skip the rescale).
         tie_word_embeddings=tied,
         scale_decoder_outputs=bool(hf.get("scale_decoder_outputs", tied)),
-        pad_token_id=_token_id(c, "pad_token_id", 0),
-        eos_token_id=_token_id(c, "eos_token_id", 1),
-        decoder_start_token_id=_token_id(c, "decoder_start_token_id", 0),
+        pad_token_id=token_id(c, "pad_token_id", 0),
+        eos_token_id=token_id(c, "eos_token_id", 1),
+        decoder_start_token_id=token_id(c, "decoder_start_token_id", 0),
         has_decoder=any(n.startswith("decoder.") for n in names) if names else not any("EncoderModel" in a for a in archs),
         has_lm_head=any("ConditionalGeneration" in a for a in archs) if tied else "lm_head.weight" in names,
     )
